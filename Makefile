@@ -1,0 +1,41 @@
+# The two commands of the README: `make demo` and `make test`. Each builds .venv from nothing.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install services lint typecheck unit test demo bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+services:
+	@bash ops/ensure-services.sh
+
+lint: install
+	$(BIN)/ruff check jobs_platform tasks tests bench
+	$(BIN)/ruff format --check jobs_platform tasks tests bench
+
+typecheck: install
+	$(BIN)/mypy
+
+unit: install
+	$(BIN)/pytest tests/unit
+
+test: install services lint typecheck
+	$(BIN)/pytest
+
+demo: install
+	$(BIN)/python -m tasks.demo
+
+bench: install services
+	$(BIN)/python -m bench.throughput
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo

@@ -1,0 +1,30 @@
+"""jobs-platform: Celery background work that survives failure.
+
+Public API::
+
+    from jobs_platform import create_app, ReliableTask, TransientError, PermanentError
+"""
+
+from jobs_platform.app import create_app
+from jobs_platform.errors import (
+    ConfigError,
+    DispatchError,
+    JobsPlatformError,
+    PermanentError,
+    TransientError,
+)
+from jobs_platform.retry import RetryPolicy
+from jobs_platform.settings import Settings
+from jobs_platform.task import ReliableTask
+
+__all__ = [
+    "ConfigError",
+    "DispatchError",
+    "JobsPlatformError",
+    "PermanentError",
+    "ReliableTask",
+    "RetryPolicy",
+    "Settings",
+    "TransientError",
+    "create_app",
+]

@@ -1,0 +1,116 @@
+"""create_app(): a Celery app with the reliability settings pinned in code.
+
+Workers started with different flags must not behave differently, so everything that
+decides whether a job can be lost or repeated is set here: JSON only (pickle refused),
+late acknowledgement with redelivery when a worker dies (counted as a retry, so a
+message that kills its worker cannot loop forever), declared queues only, and the
+visibility timeout in every place kombu reads it, with a short restore sweep.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from celery import Celery
+from kombu import Exchange, Queue
+
+from jobs_platform.errors import ConfigError
+from jobs_platform.routing import QUEUE_NAMES, Router
+from jobs_platform.settings import Settings
+
+
+class JobsCelery(Celery):  # type: ignore[misc]
+    """A Celery app that validates every ReliableTask when it is declared and at start-up."""
+
+    jobs_settings: Settings
+    jobs_router: Router
+
+    def task(self, *args: Any, **opts: Any) -> Any:
+        # Celery binds decorated tasks lazily (at finalize); binding now makes a bad
+        # declaration fail at import, with the offending line in the traceback.
+        opts.setdefault("lazy", False)
+        # Not shared: a task declared on one app must not appear in every other app.
+        opts.setdefault("shared", False)
+        return super().task(*args, **opts)
+
+    def finalize(self, auto: bool = False) -> None:
+        super().finalize(auto=auto)
+        self.check_invariants()
+
+    def check_invariants(self) -> None:
+        """Refuse to run when the live configuration no longer matches the pinned one."""
+        from jobs_platform.invariants import check_task_limits
+        from jobs_platform.task import ReliableTask
+
+        vt = float(self.conf.broker_transport_options.get("visibility_timeout", 0))
+        settings = self.jobs_settings
+        if vt != settings.visibility_timeout:
+            raise ConfigError(
+                f"broker visibility_timeout {vt:g} s differs from JOBS_VISIBILITY_TIMEOUT "
+                f"{settings.visibility_timeout:g} s; set it only through jobs-platform settings"
+            )
+        for name, task in self._tasks.items():  # not .tasks: that would finalize again
+            if isinstance(task, ReliableTask):
+                check_task_limits(
+                    name, task.retry_policy,
+                    hard_limit_s=task.time_limit, soft_limit_s=task.soft_time_limit,
+                    visibility_timeout_s=vt, margin_s=settings.visibility_margin,
+                )
+
+
+def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
+    """The pinned Celery configuration for ``settings``."""
+    transport = {
+        "visibility_timeout": settings.visibility_timeout,
+        # kombu sweeps expired unacked messages every interval x throttle seconds (~100 s
+        # by default); a throttle of 1 makes the interval the real sweep period.
+        "unacked_restore_interval": settings.unacked_restore_interval,
+        "unacked_restore_throttle": 1,
+    }
+    return {
+        "broker_url": settings.broker_url,
+        "result_backend": settings.result_backend_url,
+        "broker_transport_options": dict(transport),
+        "result_backend_transport_options": dict(transport),
+        "broker_connection_retry_on_startup": True,
+        # Serialisation: JSON in both directions; pickle would execute attacker-chosen code.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        # At-least-once delivery.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "task_retry_on_worker_lost": True,
+        "task_acks_on_failure_or_timeout": True,
+        "worker_prefetch_multiplier": 1,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Queues: declared, never created on the fly.
+        "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUE_NAMES],
+        "task_create_missing_queues": False,
+        "task_default_queue": settings.default_queue,
+        "task_default_exchange": settings.default_queue,
+        "task_default_routing_key": settings.default_queue,
+        "task_routes": (router,),
+        # Monitoring (Flower, metrics) reads events; do not rely on remote enabling.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_track_started": True,
+        "result_extended": True,
+        "result_expires": dt.timedelta(seconds=settings.result_expires),
+        "enable_utc": True,
+        "timezone": "UTC",
+    }
+
+
+def create_app(main: str = "jobs_platform", **overrides: Any) -> JobsCelery:
+    """A Celery app from the settings table (``overrides`` > ``JOBS_*`` env > defaults)."""
+    settings = Settings.load(**overrides)
+    router = Router(settings.routes)
+    app = JobsCelery(main, set_as_current=False)
+    app.jobs_settings = settings
+    app.jobs_router = router
+    app.config_from_object(celery_config(settings, router))
+    return app

@@ -1,0 +1,170 @@
+"""Transient-vs-permanent classification: one pure strategy, ``classifier(exc, attempt) -> Decision``.
+
+An error is retried only when retrying can help: the call never reached the other
+side (connection refused/reset, DNS, timeouts), or the other side asked us to come
+back later (HTTP 408/425/429/5xx, honouring ``Retry-After``). Errors that will fail
+the same way every time (HTTP 4xx, validation and decoding errors, wrong arguments)
+fail at once. Anything else is retried by default (the policy cap bounds it); set
+``retry_unknown_errors`` off to fail unknown errors at once instead.
+
+Third-party exception types are recognised by qualified class name so that this
+module imports none of those libraries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import email.utils
+import time
+import urllib.error
+from collections.abc import Callable, Mapping
+from typing import TypeAlias
+
+from jobs_platform.errors import PermanentError, TransientError
+
+ExcTypes: TypeAlias = tuple[type[BaseException], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """What a classifier knows about the attempt that just failed."""
+
+    task_name: str
+    number: int  # 1 = the first run
+    transient_errors: ExcTypes = ()
+    permanent_errors: ExcTypes = ()
+    retry_unknown_errors: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Retry:
+    """Retry after the policy's backoff (or ``retry_after_s``, capped by the policy)."""
+
+    reason: str
+    retry_after_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Fail:
+    """Fail now: retrying cannot help."""
+
+    reason: str
+
+
+Decision: TypeAlias = Retry | Fail
+Classifier: TypeAlias = Callable[[BaseException, Attempt], Decision]
+
+#: HTTP statuses that mean "try again later"; every other 4xx is the caller's fault.
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+
+#: Transient by type: the side effect cannot have happened or the operation is safe to redo.
+TRANSIENT_TYPES: ExcTypes = (ConnectionError, TimeoutError)
+TRANSIENT_NAMES = frozenset(
+    {
+        "redis.exceptions.ConnectionError",
+        "redis.exceptions.TimeoutError",
+        "kombu.exceptions.OperationalError",
+        "sqlalchemy.exc.OperationalError",
+        "sqlalchemy.exc.DisconnectionError",
+        "sqlalchemy.exc.TimeoutError",
+        "psycopg.OperationalError",
+        "billiard.exceptions.SoftTimeLimitExceeded",
+        "urllib3.exceptions.NewConnectionError",
+        "urllib3.exceptions.ProtocolError",
+        "requests.exceptions.ConnectionError",
+        "requests.exceptions.Timeout",
+        "httpx.TransportError",
+    }
+)
+
+#: Permanent by type: validation, decoding and wrong-argument errors fail the same way every time.
+PERMANENT_TYPES: ExcTypes = (ValueError, TypeError)
+PERMANENT_SHORT_NAMES = frozenset({"ValidationError"})
+
+
+def _qualified_names(exc: BaseException) -> set[str]:
+    return {f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__}
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status carried by ``exc`` (requests/httpx/urllib style), if any."""
+    for obj in (exc, getattr(exc, "response", None)):
+        if obj is None:
+            continue
+        for attr in ("status_code", "status"):
+            value = getattr(obj, attr, None)
+            if isinstance(value, int) and 100 <= value <= 599:
+                return value
+        code = getattr(obj, "code", None)  # urllib.error.HTTPError
+        if hasattr(obj, "headers") and isinstance(code, int) and 100 <= code <= 599:
+            return code
+    return None
+
+
+def retry_after_seconds(exc: BaseException, *, now: float | None = None) -> float | None:
+    """Parse ``Retry-After`` (delta-seconds or HTTP-date) from the exception's response headers."""
+    if isinstance(exc, TransientError) and exc.retry_after_s is not None:
+        return exc.retry_after_s
+    for obj in (exc, getattr(exc, "response", None)):
+        headers = getattr(obj, "headers", None)
+        if not isinstance(headers, Mapping) and not hasattr(headers, "get"):
+            continue
+        raw = headers.get("Retry-After") if headers is not None else None
+        if raw is None:
+            continue
+        return _parse_retry_after(str(raw), now=now)
+    return None
+
+
+def _parse_retry_after(raw: str, *, now: float | None) -> float | None:
+    raw = raw.strip()
+    if raw.isdigit():
+        return float(raw)
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _by_http_status(exc: BaseException) -> Decision | None:
+    status = http_status(exc)
+    if status is None:
+        return None
+    if status in RETRYABLE_STATUSES or status >= 500:
+        return Retry(f"HTTP {status}", retry_after_seconds(exc))
+    if 400 <= status < 500:
+        return Fail(f"HTTP {status}")
+    return None
+
+
+def _by_type(exc: BaseException) -> Decision | None:
+    names = _qualified_names(exc)
+    if isinstance(exc, TRANSIENT_TYPES) or names & TRANSIENT_NAMES:
+        return Retry(f"{type(exc).__name__} is transient")
+    if isinstance(exc, urllib.error.URLError) and isinstance(exc.reason, OSError):
+        return Retry(f"URLError({type(exc.reason).__name__}) is transient")
+    if isinstance(exc, PERMANENT_TYPES) or any(
+        cls.__name__ in PERMANENT_SHORT_NAMES for cls in type(exc).__mro__
+    ):
+        return Fail(f"{type(exc).__name__} is a validation/decoding/argument error")
+    return None
+
+
+def default_classifier(exc: BaseException, attempt: Attempt) -> Decision:
+    """The platform's rules, most specific first (see the module docstring)."""
+    if attempt.permanent_errors and isinstance(exc, attempt.permanent_errors):
+        return Fail(f"{type(exc).__name__} is listed in permanent_errors")
+    if attempt.transient_errors and isinstance(exc, attempt.transient_errors):
+        return Retry(f"{type(exc).__name__} is listed in transient_errors", retry_after_seconds(exc))
+    if isinstance(exc, PermanentError):
+        return Fail("PermanentError")
+    if isinstance(exc, TransientError):
+        return Retry("TransientError", exc.retry_after_s)
+    decision = _by_http_status(exc) or _by_type(exc)
+    if decision is not None:
+        return decision
+    if attempt.retry_unknown_errors:
+        return Retry(f"{type(exc).__name__} is unclassified; retrying (retry_unknown_errors)")
+    return Fail(f"{type(exc).__name__} is unclassified; not retrying (retry_unknown_errors off)")
+

@@ -1,0 +1,150 @@
+"""The one settings table: every knob with its type, default, unit and environment variable.
+
+Precedence: ``create_app(**overrides)`` > environment (``JOBS_<NAME>``) > the default here.
+Reliability settings that must not vary between workers (serialisation, acks, the
+visibility timeout) are pinned in :mod:`jobs_platform.app`, not read from worker flags.
+``python -m jobs_platform.settings`` prints this table as Markdown (it is in the README).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from jobs_platform.errors import ConfigError
+from jobs_platform.invariants import check_visibility
+from jobs_platform.retry.policy import RetryPolicy
+
+ENV_PREFIX = "JOBS_"
+
+
+def _knob(default: Any, unit: str, doc: str) -> Any:
+    factory = (lambda: dict(default)) if isinstance(default, dict) else None
+    meta = {"unit": unit, "doc": doc}
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    broker_url: str = _knob("redis://127.0.0.1:6379/0", "URL", "Celery broker (Redis).")
+    result_backend: str = _knob("", "URL", "Result backend; empty means the broker URL.")
+    database_url: str = _knob(
+        "sqlite:///jobs_platform.sqlite3", "URL",
+        "Platform tables (dead letters, idempotency keys); SQLite file by default, "
+        "PostgreSQL in production.",
+    )
+    visibility_timeout: float = _knob(
+        3600.0, "s", "Unacknowledged messages return to the queue after this long. Every "
+        "task's hard time limit and longest retry wait must stay below it minus the margin.",
+    )
+    visibility_margin: float = _knob(
+        60.0, "s", "Safety margin kept below the visibility timeout.",
+    )
+    unacked_restore_interval: float = _knob(
+        5.0, "s", "How often a worker sweeps for expired unacknowledged messages "
+        "(kombu's default is effectively ~100 s).",
+    )
+    max_retries: int = _knob(5, "count", "Default retries after the first attempt.")
+    retry_backoff: float = _knob(2.0, "s", "Default first backoff window (doubles per retry).")
+    retry_backoff_max: float = _knob(300.0, "s", "Default cap on one backoff wait.")
+    retry_jitter: bool = _knob(True, "bool", "Equal jitter: wait uniform in [w/2, w].")
+    retry_unknown_errors: bool = _knob(
+        True, "bool", "Retry exceptions the classifier does not recognise (bounded by max_retries).",
+    )
+    routes: dict[str, str] = _knob(
+        {"celery.*": "fast"}, "JSON",
+        "Task-name glob -> queue. A task's own `queue` option wins over this table.",
+    )
+    default_queue: str = _knob("fast", "queue", "Queue for plain (non-Reliable) tasks with no route.")
+    result_expires: float = _knob(86400.0, "s", "How long task results are kept.")
+
+    def __post_init__(self) -> None:
+        from jobs_platform.routing import check_queue
+
+        check_visibility(
+            visibility_timeout_s=self.visibility_timeout, margin_s=self.visibility_margin
+        )
+        if self.unacked_restore_interval <= 0:
+            raise ConfigError("unacked_restore_interval must be > 0 seconds")
+        if self.result_expires <= 0:
+            raise ConfigError("result_expires must be > 0 seconds")
+        check_queue(self.default_queue, what="default_queue")
+        for pattern, queue in self.routes.items():
+            check_queue(queue, what=f"routes[{pattern!r}]")
+        self.default_policy()  # validates the retry defaults
+
+    def default_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_retries=self.max_retries,
+            backoff_s=self.retry_backoff,
+            backoff_max_s=self.retry_backoff_max,
+            jitter=self.retry_jitter,
+        )
+
+    @property
+    def result_backend_url(self) -> str:
+        return self.result_backend or self.broker_url
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Build settings from ``overrides`` > ``JOBS_*`` environment > defaults."""
+        environ = os.environ if environ is None else environ
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, field in known.items():
+            if name in overrides:
+                values[name] = overrides[name]
+            elif env_name(name) in environ:
+                values[name] = _parse(field, environ[env_name(name)])
+        return cls(**values)
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    try:
+        if kind == "bool":
+            lowered = raw.strip().lower()
+            if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                raise ValueError(raw)
+            return lowered in {"1", "true", "yes", "on"}
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind.startswith("dict"):
+            value = json.loads(raw)
+            if not isinstance(value, dict):
+                raise ValueError("expected a JSON object")
+            return value
+    except ValueError as exc:
+        raise ConfigError(f"{env_name(field.name)}={raw!r} is not a valid {kind}: {exc}") from exc
+    return raw
+
+
+def markdown_table() -> str:
+    """The settings table as Markdown, for the README."""
+    rows = ["| Setting (env) | Type | Default | Unit | Meaning |", "|---|---|---|---|---|"]
+    for field in dataclasses.fields(Settings):
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+        shown = json.dumps(default) if isinstance(default, dict) else f"`{default}`"
+        rows.append(
+            f"| `{env_name(field.name)}` | {field.type} | {shown or '(empty)'} | "
+            f"{field.metadata['unit']} | {field.metadata['doc']} |"
+        )
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,289 @@
+"""ReliableTask: a ``celery.Task`` whose retry behaviour is pinned in code.
+
+Subclass it (or pass ``base=ReliableTask``) and every exception from the task body is
+classified (:mod:`jobs_platform.retry.classify`): permanent errors fail at once,
+transient ones are re-published through the broker to the *same queue and priority*
+after an equal-jitter backoff, with the attempt history in the message headers. After
+``max_retries + 1`` attempts the original exception fails the task, exactly once.
+
+Options use Celery's names where Celery has one (``max_retries``, ``retry_backoff``,
+``retry_backoff_max``, ``retry_jitter``, ``time_limit``, ``soft_time_limit``), plus
+``queue``, ``transient_errors``, ``permanent_errors``, ``retry_unknown_errors`` and
+``classifier``. They are validated when the task is declared.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, ClassVar
+
+import celery
+from celery.exceptions import Ignore, Reject
+from celery.exceptions import Retry as CeleryRetry
+from kombu.exceptions import EncodeError
+
+from jobs_platform import history
+from jobs_platform.errors import ConfigError, DispatchError
+from jobs_platform.invariants import check_countdown, check_task_limits
+from jobs_platform.profiles import PROFILES
+from jobs_platform.retry import classify
+from jobs_platform.retry.backoff import UniformRng
+from jobs_platform.retry.policy import RetryPolicy
+from jobs_platform.routing import check_queue
+
+logger = logging.getLogger("jobs_platform.task")
+
+_MISSING: Any = object()
+#: Attributes pinned for at-least-once delivery; declaring another value is refused.
+_PINNED = {"acks_late": True, "reject_on_worker_lost": True, "retry_on_worker_lost": True}
+#: Celery options that would bypass classification.
+_REFUSED = ("autoretry_for", "dont_autoretry_for", "retry_kwargs")
+
+
+class ReliableTask(celery.Task):  # type: ignore[misc]
+    """Base class for tasks that must survive failure. See the module docstring."""
+
+    # Placeholders until bind() fills them from the declaration or the settings table
+    # (only values declared by a subclass count: see _declared()).
+    #: Retries after the first attempt; default ``JOBS_MAX_RETRIES``. ``None`` (forever) is refused.
+    max_retries: ClassVar[Any] = None
+    #: First backoff window in seconds (doubles per retry); default ``JOBS_RETRY_BACKOFF``.
+    retry_backoff: ClassVar[Any] = 0.0
+    #: Cap on one wait in seconds; default ``JOBS_RETRY_BACKOFF_MAX``.
+    retry_backoff_max: ClassVar[Any] = 0.0
+    #: Equal jitter (wait uniform in [w/2, w]); default ``JOBS_RETRY_JITTER``.
+    retry_jitter: ClassVar[Any] = True
+    #: Retry errors no rule recognises; default ``JOBS_RETRY_UNKNOWN_ERRORS``.
+    retry_unknown_errors: ClassVar[Any] = True
+    #: Extra exception types to retry / to fail at once (checked before the built-in rules).
+    transient_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    permanent_errors: ClassVar[tuple[type[BaseException], ...]] = ()
+    #: ``classifier(exc, attempt) -> Retry | Fail``; the only place retry decisions are made.
+    classifier: ClassVar[Any] = staticmethod(classify.default_classifier)
+    #: RNG for the jitter (inject a seeded one in tests).
+    rng: ClassVar[UniformRng | None] = None
+
+    acks_late = True
+    reject_on_worker_lost = True
+    retry_on_worker_lost = True
+    typing = True  # wrong arguments fail at dispatch, not in the worker
+
+    # Resolved at bind time.
+    retry_policy: ClassVar[RetryPolicy]
+    queue_class: ClassVar[str]
+
+    # -- declaration ---------------------------------------------------------------------------
+
+    @classmethod
+    def bind(cls, app: Any) -> Any:
+        # Celery deprecates a `queue` class attribute in favour of task_routes, so we move the
+        # declared queue into the app's routing table (data) before Celery looks at it.
+        if "queue" in cls.__dict__:
+            cls._declared_queue = cls.__dict__["queue"]
+            delattr(cls, "queue")
+        bound = super().bind(app)
+        if cls is not ReliableTask and cls.name:
+            try:
+                cls._configure(app)
+            except Exception as exc:
+                # Celery registered the task before binding it; a refused task must not stay
+                # callable (and must not block a corrected re-declaration).
+                if app._tasks.get(cls.name) is not None and type(app._tasks[cls.name]) is cls:
+                    del app._tasks[cls.name]
+                if isinstance(exc, ConfigError):
+                    raise
+                raise ConfigError(f"task {cls.name!r}: {exc}") from exc
+        return bound
+
+    @classmethod
+    def _declared(cls, attr: str) -> Any:
+        """The value a subclass (not ReliableTask or Celery) declared for ``attr``."""
+        for klass in cls.__mro__:
+            if klass is ReliableTask:
+                return _MISSING
+            if attr in klass.__dict__:
+                return klass.__dict__[attr]
+        return _MISSING
+
+    @classmethod
+    def _configure(cls, app: Any) -> None:
+        settings = getattr(app, "jobs_settings", None)
+        if settings is None:
+            raise ConfigError(
+                f"task {cls.name!r} uses ReliableTask on an app not made by "
+                "jobs_platform.create_app(); the reliability settings would not be pinned"
+            )
+        for attr in _REFUSED:
+            if cls._declared(attr) not in (_MISSING, (), None, {}):
+                raise ConfigError(
+                    f"task {cls.name!r}: {attr} is not used with ReliableTask; every exception is "
+                    "classified instead (use transient_errors / permanent_errors)"
+                )
+        for attr, pinned in _PINNED.items():
+            if cls._declared(attr) not in (_MISSING, pinned):
+                raise ConfigError(f"task {cls.name!r}: {attr} is pinned to {pinned} by ReliableTask")
+
+        def option(attr: str, default: Any) -> Any:
+            value = cls._declared(attr)
+            return default if value is _MISSING else value
+
+        max_retries = option("max_retries", settings.max_retries)
+        if max_retries is None:
+            raise ConfigError(
+                f"task {cls.name!r}: max_retries=None would retry forever; give a number"
+            )
+        for attr in ("retry_backoff", "retry_backoff_max"):
+            if isinstance(option(attr, 0), bool):
+                raise ConfigError(
+                    f"task {cls.name!r}: {attr} is a number of seconds, not a bool"
+                )
+        try:
+            policy = RetryPolicy(
+                max_retries=max_retries,
+                backoff_s=option("retry_backoff", settings.retry_backoff),
+                backoff_max_s=option("retry_backoff_max", settings.retry_backoff_max),
+                jitter=bool(option("retry_jitter", settings.retry_jitter)),
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"task {cls.name!r}: {exc}") from None
+
+        queue = getattr(cls, "_declared_queue", None) or app.jobs_router.queue_for(cls.name)
+        if queue is None:
+            raise ConfigError(
+                f"task {cls.name!r} has no queue: pass queue=... (one of fast, heavy, thirdparty) "
+                "or add a route for it"
+            )
+        queue = check_queue(queue, what=f"task {cls.name!r}")
+        app.jobs_router.declare(cls.name, queue)
+
+        profile = PROFILES[queue]
+        hard = option("time_limit", None) or profile.time_limit_s
+        soft = option("soft_time_limit", None) or min(profile.soft_time_limit_s, hard * 0.9)
+        check_task_limits(
+            cls.name, policy, hard_limit_s=hard, soft_limit_s=soft,
+            visibility_timeout_s=settings.visibility_timeout, margin_s=settings.visibility_margin,
+        )
+        transient = _exception_types(cls.name, "transient_errors", option("transient_errors", ()))
+        permanent = _exception_types(cls.name, "permanent_errors", option("permanent_errors", ()))
+        classifier = option("classifier", classify.default_classifier)
+        if not callable(classifier):
+            raise ConfigError(f"task {cls.name!r}: classifier must be callable(exc, attempt)")
+
+        cls.retry_policy = policy
+        cls.queue_class = queue
+        cls.max_retries = policy.max_retries
+        cls.retry_backoff = policy.backoff_s
+        cls.retry_backoff_max = policy.backoff_max_s
+        cls.retry_jitter = policy.jitter
+        cls.retry_unknown_errors = bool(option("retry_unknown_errors", settings.retry_unknown_errors))
+        cls.default_retry_delay = policy.backoff_s  # used by Celery's worker-lost retry
+        cls.time_limit, cls.soft_time_limit = hard, soft
+        cls.transient_errors, cls.permanent_errors = transient, permanent
+        cls.classifier = staticmethod(classifier)
+
+    # -- dispatch ------------------------------------------------------------------------------
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        countdown = options.get("countdown")
+        if countdown is not None:
+            settings = self.app.jobs_settings
+            check_countdown(
+                self.name, float(countdown),
+                visibility_timeout_s=settings.visibility_timeout,
+                margin_s=settings.visibility_margin,
+            )
+        headers = options.get("headers") or {}
+        if history.ENQUEUED_HEADER not in headers:
+            options["headers"] = {**headers, history.ENQUEUED_HEADER: history.utcnow_iso()}
+        try:
+            return super().apply_async(args, kwargs, **options)
+        except EncodeError as exc:
+            raise DispatchError(
+                f"{self.name}: arguments must be JSON-serialisable ({exc}); pass IDs, not objects"
+            ) from exc
+
+    # -- execution -----------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        except (CeleryRetry, Ignore, Reject):
+            raise
+        except Exception as exc:
+            if self.request.called_directly:
+                raise
+            self._after_failure(exc)  # raises Retry, or returns to re-raise exc
+            raise
+
+    def _after_failure(self, exc: Exception) -> None:
+        request = self.request
+        number = request.retries + 1
+        decision = self.classifier(
+            exc,
+            classify.Attempt(
+                task_name=self.name, number=number,
+                transient_errors=self.transient_errors, permanent_errors=self.permanent_errors,
+                retry_unknown_errors=self.retry_unknown_errors,
+            ),
+        )
+        if isinstance(decision, classify.Fail):
+            exc.jobs_outcome = "permanent"  # type: ignore[attr-defined]
+            logger.warning(
+                "%s[%s] failed permanently on attempt %d: %s (%s)", self.name, request.id, number,
+                decision.reason, type(exc).__name__,
+                extra={"event": "jobs.task.permanent", "task_name": self.name},
+            )
+            return
+        if request.retries >= self.max_retries:
+            exc.jobs_outcome = "exhausted"  # type: ignore[attr-defined]
+            logger.warning(
+                "%s[%s] gave up after %d attempts: %s", self.name, request.id, number,
+                type(exc).__name__, extra={"event": "jobs.task.exhausted", "task_name": self.name},
+            )
+            return
+        delay = self.retry_policy.delay_for(
+            number, retry_after_s=decision.retry_after_s, rng=self.rng
+        )
+        headers = history.with_error(request.headers, history.describe(exc, number))
+        priority = (request.delivery_info or {}).get("priority")
+        try:
+            raise self.retry(
+                exc=exc, countdown=delay, queue=self._queue_of(request), priority=priority,
+                headers=headers,
+            )
+        except Reject as publish_failed:
+            # Celery rejects *without* requeue when the retry cannot be published; with late
+            # acks that would drop the job. Requeue it instead: nothing is lost.
+            raise Reject(publish_failed.reason, requeue=True) from exc
+
+    def _queue_of(self, request: Any) -> str:
+        """The queue this delivery came from, so retries never drift to the default queue."""
+        routing_key = (request.delivery_info or {}).get("routing_key")
+        if routing_key in PROFILES:
+            return str(routing_key)
+        return self.queue_class
+
+    def signature_from_request(
+        self, request: Any = None, args: Any = None, kwargs: Any = None, queue: Any = None,
+        **extra: Any,
+    ) -> Any:
+        request = self.request if request is None else request
+        if "retries" in extra and "headers" not in extra:
+            # Celery's retry_on_worker_lost path: record the lost attempt in the history too.
+            extra["headers"] = history.with_error(
+                request.headers,
+                history.entry("billiard.exceptions.WorkerLostError", "worker lost",
+                              request.retries + 1),
+            )
+        return super().signature_from_request(
+            request, args, kwargs, queue=queue or self._queue_of(request), **extra
+        )
+
+
+def _exception_types(task: str, attr: str, value: Any) -> tuple[type[BaseException], ...]:
+    items = value if isinstance(value, tuple | list) else (value,)
+    for item in items:
+        if not (inspect.isclass(item) and issubclass(item, BaseException)):
+            raise ConfigError(f"task {task!r}: {attr} must hold exception classes, got {item!r}")
+    return tuple(items)

@@ -1,0 +1,231 @@
+"""Test helpers that need no Docker: real worker processes, a private redis-server, polling.
+
+pytest-celery's fixtures start Docker containers; these run the same kind of checks
+against services on this machine. Every helper cleans up what it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(
+    predicate: Callable[[], T | None | bool],
+    *,
+    timeout_s: float,
+    interval_s: float = 0.05,
+    message: str | Callable[[], str] = "condition",
+) -> T:
+    """Poll ``predicate`` until it returns a truthy value; fail with ``message`` at the deadline."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {text}")
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A private ``redis-server`` on a free loopback port (optionally persistent)."""
+
+    def __init__(self, *, persistent: bool = False, directory: str | None = None) -> None:
+        self.port = free_port()
+        self.persistent = persistent
+        self._owned_dir = directory is None
+        self.directory = directory or tempfile.mkdtemp(prefix="jobs-redis-")
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed")
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.persistent else ["--save", "", "--appendonly", "no"]
+        )
+        self.process = subprocess.Popen(
+            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.directory,
+             *persistence],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+        )
+        wait_for(lambda: port_answers("127.0.0.1", self.port), timeout_s=10,
+                 message=f"redis-server on port {self.port}")
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+        self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        if self._owned_dir:
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class WorkerProcess:
+    """A real ``celery worker`` subprocess in its own process group, so it can be killed.
+
+    Readiness is read from the worker's own log ("<hostname> ready."), so no broker round
+    trip is needed and a worker that refuses to start fails fast with its log attached.
+    """
+
+    def __init__(
+        self,
+        app: str,
+        queues: Sequence[str],
+        *,
+        pool: str = "prefork",
+        concurrency: int = 1,
+        env: Mapping[str, str] | None = None,
+        hostname: str | None = None,
+        extra_args: Sequence[str] = (),
+        cwd: str | os.PathLike[str] | None = None,
+        log_dir: str | None = None,
+    ) -> None:
+        self.app = app
+        self.queues = list(queues)
+        self.pool = pool
+        self.concurrency = concurrency
+        self.hostname = hostname or f"w{uuid.uuid4().hex[:8]}@{'-'.join(self.queues)}"
+        self.env = {**os.environ, **(env or {})}
+        self.extra_args = list(extra_args)
+        self.cwd = cwd
+        self.log_path = Path(log_dir or tempfile.gettempdir()) / f"{self.hostname}.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def argv(self) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", self.app, "worker",
+            "-Q", ",".join(self.queues), "-P", self.pool, "-c", str(self.concurrency),
+            "-n", self.hostname, "-l", "INFO", "--prefetch-multiplier", "1",
+            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            *self.extra_args,
+        ]
+
+    def start(self, *, wait: bool = True, timeout_s: float = 60) -> WorkerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("wb")
+        self.process = subprocess.Popen(
+            self.argv(), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+            start_new_session=True,
+        )
+        log.close()
+        if wait:
+            self.wait_ready(timeout_s)
+        return self
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def wait_ready(self, timeout_s: float = 60) -> None:
+        def ready() -> bool:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(
+                    f"worker {self.hostname} exited with {self.process.returncode}:\n{self.log()[-4000:]}"
+                )
+            return f"{self.hostname} ready." in self.log()
+
+        wait_for(ready, timeout_s=timeout_s, message=lambda: f"worker {self.hostname} to be ready:\n"
+                 f"{self.log()[-2000:]}")
+
+    def wait_exit(self, timeout_s: float = 60) -> int:
+        assert self.process is not None
+        return self.process.wait(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        """Send ``signum`` to the whole worker (main process and pool children)."""
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signum)
+
+    def kill(self) -> None:
+        """SIGKILL the whole worker: no chance to ack, requeue or say goodbye."""
+        self.signal(signal.SIGKILL)
+        if self.process is not None:
+            self.process.wait(30)
+
+    def stop(self, timeout_s: float = 20) -> None:
+        """Warm shutdown (SIGTERM), then SIGKILL at the deadline."""
+        if self.process is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        # Pool children of a killed main process may linger; the group kill catches them.
+        self.signal(signal.SIGKILL)
+
+    def __enter__(self) -> WorkerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@contextlib.contextmanager
+def workers(*procs: WorkerProcess) -> Iterator[tuple[WorkerProcess, ...]]:
+    """Start several workers concurrently and stop them all at the end."""
+    try:
+        for proc in procs:
+            proc.start(wait=False)
+        for proc in procs:
+            proc.wait_ready()
+        yield procs
+    finally:
+        for proc in procs:
+            proc.stop()

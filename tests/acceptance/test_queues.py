@@ -1,0 +1,116 @@
+"""Queue isolation, serialisation safety and start-up refusal, with real worker processes."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from kombu import Connection, Exchange, Producer
+
+from jobs_platform import DispatchError
+from jobs_platform.testing import WorkerProcess, wait_for
+from tests.acceptance.conftest import ROOT, make_worker, runs, wait_state
+
+pytestmark = pytest.mark.acceptance
+
+
+def test_heavy_task_is_never_consumed_by_a_fast_worker_and_retries_stay_on_heavy(
+    test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis,
+    worker_env: dict[str, str], tmp_path: Path,
+) -> None:
+    heavy_key, canary = uuid.uuid4().hex, uuid.uuid4().hex
+    heavy = test_app.heavy_flaky.delay(heavy_key, 1)
+    # A fast task sent after it completes: the fast worker was consuming all along...
+    assert test_app.record_run.delay(canary).get(timeout=30) == canary
+    # ...and still the heavy task was not touched.
+    assert runs(redis_client, heavy_key) == []
+    assert heavy.state == "PENDING"
+    assert redis_client.llen("heavy") == 1
+
+    with make_worker(worker_env, ["heavy"], tmp_path, hostname="heavy1@test") as heavy_worker:
+        assert heavy.get(timeout=30) == "ok"
+        assert heavy_worker.alive
+    records = runs(redis_client, heavy_key)
+    assert len(records) == 2
+    assert {(r["queue"], r["host"]) for r in records} == {("heavy", "heavy1@test")}
+
+
+def test_pickle_message_is_not_executed_and_worker_keeps_working(
+    test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis, redis_url: str
+) -> None:
+    pickled_key, after_key = uuid.uuid4().hex, uuid.uuid4().hex
+    task_id = str(uuid.uuid4())
+    body = pickle.dumps(((pickled_key,), {}, {"callbacks": None, "errbacks": None,
+                                             "chain": None, "chord": None}))
+    with Connection(redis_url) as conn:
+        Producer(conn).publish(
+            body, exchange=Exchange("fast", type="direct"), routing_key="fast",
+            serializer=None, content_type="application/x-python-serialize",
+            content_encoding="binary",
+            headers={"lang": "py", "task": "tests.record", "id": task_id, "root_id": task_id,
+                     "retries": 0, "argsrepr": repr((pickled_key,)), "kwargsrepr": "{}"},
+        )
+    assert test_app.record_run.delay(after_key).get(timeout=30) == after_key
+    assert runs(redis_client, pickled_key) == []
+    assert fast_worker.alive
+    wait_for(lambda: "ContentDisallowed" in fast_worker.log() or
+             "disallowed" in fast_worker.log().lower(), timeout_s=10,
+             message="the worker to log the refused pickle message")
+
+
+def test_non_json_argument_fails_at_dispatch(test_app: Any, redis_client: redis.Redis) -> None:
+    before = redis_client.llen("fast")
+    with pytest.raises(DispatchError, match="JSON"):
+        test_app.record_run.delay({1, 2, 3})
+    assert redis_client.llen("fast") == before
+
+
+def test_explicit_unknown_queue_fails_at_dispatch(test_app: Any) -> None:
+    with pytest.raises(Exception, match="fsat"):
+        test_app.record_run.apply_async(("x",), queue="fsat")
+
+
+def test_wrong_arguments_fail_at_dispatch(test_app: Any) -> None:
+    with pytest.raises(TypeError):
+        test_app.record_run.delay("a", "b", "c")
+
+
+def test_countdown_beyond_visibility_timeout_fails_at_dispatch(test_app: Any) -> None:
+    with pytest.raises(DispatchError, match="visibility timeout"):
+        test_app.record_run.apply_async(("x",), countdown=7200)
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("hard_limit", "time_limit 26 s is not below the visibility timeout"),
+        ("retry_wait", "retry_backoff_max 25 s is not below the visibility timeout"),
+        ("soft_limit", "soft_time_limit 12 s must be below time_limit 10 s"),
+    ],
+)
+def test_worker_refuses_to_start_when_an_invariant_is_broken(
+    case: str, expected: str, worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    worker = WorkerProcess("tests.support.refusal_app", ["fast"], cwd=str(ROOT),
+                           env={**worker_env, "JOBS_TEST_REFUSAL": case}, log_dir=str(tmp_path))
+    worker.start(wait=False)
+    try:
+        code = worker.wait_exit(60)
+    finally:
+        worker.stop()
+    assert code != 0
+    assert "ConfigError" in worker.log()
+    assert expected in worker.log()
+
+
+def test_refusal_app_starts_when_nothing_is_broken(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    worker = WorkerProcess("tests.support.refusal_app", ["fast"], cwd=str(ROOT),
+                           env={**worker_env, "JOBS_TEST_REFUSAL": "none"}, log_dir=str(tmp_path))
+    with worker:
+        assert worker.alive

@@ -1,0 +1,101 @@
+"""ReliableTask retries, proven with real prefork workers on the real Redis broker."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+import redis
+
+from jobs_platform.testing import WorkerProcess, wait_for
+from tests.acceptance.conftest import runs, wait_state
+
+pytestmark = pytest.mark.acceptance
+
+
+def key() -> str:
+    return uuid.uuid4().hex
+
+
+def gaps(records: list[dict[str, Any]]) -> list[float]:
+    return [b["t"] - a["t"] for a, b in zip(records, records[1:], strict=False)]
+
+
+# Worker scheduling adds latency above the policy's upper bound, never below its lower bound.
+SCHEDULING_SLACK_S = 1.0
+
+
+def test_transient_twice_then_success_runs_three_times_within_backoff_bounds(
+    test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis
+) -> None:
+    k = key()
+    result = test_app.flaky.delay(k, 2)
+    assert result.get(timeout=30) == "ok"
+    records = runs(redis_client, k)
+    assert len(records) == 3
+    assert [r["retries"] for r in records] == [0, 1, 2]
+    # The history travels with the message: attempt n sees n-1 earlier errors.
+    assert [r["errors"] for r in records] == [0, 1, 2]
+    policy = test_app.flaky.retry_policy
+    for n, gap in enumerate(gaps(records), start=1):
+        window = min(policy.backoff_s * 2 ** (n - 1), policy.backoff_max_s)
+        assert window / 2 <= gap <= window + SCHEDULING_SLACK_S, (n, gap, window)
+
+
+def test_always_failing_runs_max_retries_plus_one_then_fails_once(
+    test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis
+) -> None:
+    k = key()
+    result = test_app.always_fails.delay(k)
+    assert wait_state(result, {"FAILURE"}) == "FAILURE"
+    assert isinstance(result.result, ConnectionError)  # the original exception, not MaxRetries
+    assert len(runs(redis_client, k)) == 4
+    failures = wait_for(lambda: redis_client.lrange(f"jptest:failures:{result.id}", 0, -1),
+                        timeout_s=10, message="task_failure")
+    assert failures == ["ConnectionError"]
+    # Nothing else arrives later: no fifth run is queued anywhere.
+    assert redis_client.llen("fast") == 0
+    assert len(runs(redis_client, k)) == 4
+
+
+@pytest.mark.parametrize("task_name", ["permanent", "class_permanent"])
+def test_permanent_error_runs_once(
+    task_name: str, test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis
+) -> None:
+    k = key()
+    result = getattr(test_app, task_name).delay(k)
+    assert wait_state(result, {"FAILURE"}) == "FAILURE"
+    assert len(runs(redis_client, k)) == 1
+    assert redis_client.lrange(f"jptest:failures:{result.id}", 0, -1) == [
+        type(result.result).__name__
+    ]
+
+
+def test_subclass_with_run_retries_and_succeeds(
+    test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis
+) -> None:
+    k = key()
+    assert test_app.class_flaky.delay(k, 2).get(timeout=30) == "ok"
+    records = runs(redis_client, k)
+    assert len(records) == 3
+    assert {r["queue"] for r in records} == {"thirdparty"}
+
+
+def test_subclass_exhausts_after_max_retries(
+    test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis
+) -> None:
+    k = key()
+    result = test_app.class_flaky.delay(k, 99)
+    assert wait_state(result, {"FAILURE"}) == "FAILURE"
+    assert len(runs(redis_client, k)) == 4
+    assert redis_client.lrange(f"jptest:failures:{result.id}", 0, -1) == ["ConnectionResetError"]
+
+
+def test_retries_keep_queue_and_priority(
+    test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis
+) -> None:
+    k = key()
+    assert test_app.flaky.apply_async((k, 2), priority=6).get(timeout=30) == "ok"
+    records = runs(redis_client, k)
+    assert [(r["queue"], r["priority"]) for r in records] == [("fast", 6)] * 3

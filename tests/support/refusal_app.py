@@ -1,0 +1,26 @@
+"""An app whose declaration breaks one invariant, chosen by ``JOBS_TEST_REFUSAL``.
+
+The worker must refuse to start with a clear message instead of running unsafely.
+"""
+
+from __future__ import annotations
+
+import os
+
+from jobs_platform import ReliableTask, create_app
+
+CASE = os.environ.get("JOBS_TEST_REFUSAL", "none")
+app = create_app("refusal", visibility_timeout=30.0, visibility_margin=5.0)
+
+options: dict[str, object] = {"queue": "fast", "time_limit": 10.0, "retry_backoff_max": 5.0}
+if CASE == "hard_limit":
+    options["time_limit"] = 26.0  # not below 30 - 5
+elif CASE == "retry_wait":
+    options["retry_backoff_max"] = 25.0
+elif CASE == "soft_limit":
+    options["soft_time_limit"] = 12.0  # not below the hard limit of 10
+
+
+@app.task(base=ReliableTask, name="refusal.noop", **options)
+def noop() -> None:
+    return None

@@ -1,0 +1,110 @@
+"""Tasks that real worker processes run in the integration tests.
+
+Each run appends a JSON record to the Redis list ``jptest:runs:<key>`` (time, host,
+queue, priority, retries, history length), so a test can count attempts and measure
+the gaps between them. The broker URL comes from ``JOBS_BROKER_URL`` (the test's own DB).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import redis
+from celery import signals
+
+from jobs_platform import PermanentError, ReliableTask, TransientError, create_app
+from jobs_platform.history import errors_of
+
+app = create_app(
+    "testapp",
+    retry_backoff=float(os.environ.get("JOBS_TEST_BACKOFF", "0.5")),
+    retry_backoff_max=4.0,
+)
+_redis = redis.Redis.from_url(app.conf.broker_url)
+
+
+def record(task: Any, key: str) -> int:
+    """Record this run; return how many runs (including this one) ``key`` has had."""
+    delivery = task.request.delivery_info or {}
+    entry = {
+        "t": time.time(),
+        "host": task.request.hostname,
+        "queue": delivery.get("routing_key"),
+        "priority": delivery.get("priority"),
+        "retries": task.request.retries,
+        "errors": len(errors_of(task.request.headers)),
+        "task_id": task.request.id,
+    }
+    return int(_redis.rpush(f"jptest:runs:{key}", json.dumps(entry)))
+
+
+@signals.task_failure.connect
+def _count_failure(sender: Any = None, task_id: str | None = None, exception: Any = None,
+                   **_: Any) -> None:
+    _redis.rpush(f"jptest:failures:{task_id}", type(exception).__name__)
+
+
+@app.task(base=ReliableTask, bind=True, name="tests.flaky", queue="fast", max_retries=5)
+def flaky(self: Any, key: str, failures: int) -> str:
+    if record(self, key) <= failures:
+        raise TransientError(f"flaky failure for {key}")
+    return "ok"
+
+
+@app.task(base=ReliableTask, bind=True, name="tests.always_fails", queue="fast", max_retries=3,
+          retry_backoff=0.2, retry_backoff_max=0.4)
+def always_fails(self: Any, key: str) -> None:
+    record(self, key)
+    raise ConnectionError("partner refused the connection")
+
+
+@app.task(base=ReliableTask, bind=True, name="tests.permanent", queue="fast", max_retries=5)
+def permanent(self: Any, key: str) -> None:
+    record(self, key)
+    raise PermanentError("invoice 42 does not exist")
+
+
+@app.task(base=ReliableTask, bind=True, name="tests.heavy_flaky", queue="heavy", max_retries=3)
+def heavy_flaky(self: Any, key: str, failures: int) -> str:
+    if record(self, key) <= failures:
+        raise TimeoutError("render farm timed out")
+    return "ok"
+
+
+@app.task(base=ReliableTask, bind=True, name="tests.record", queue="fast")
+def record_run(self: Any, key: str) -> str:
+    record(self, key)
+    return key
+
+
+class ClassFlaky(ReliableTask):
+    """The same policy through a subclass with run()."""
+
+    name = "tests.class_flaky"
+    queue = "thirdparty"
+    max_retries = 3
+    retry_backoff = 0.2
+    retry_backoff_max = 0.4
+
+    def run(self, key: str, failures: int) -> str:
+        if record(self, key) <= failures:
+            raise ConnectionResetError("partner reset the connection")
+        return "ok"
+
+
+class_flaky = app.register_task(ClassFlaky())
+
+
+class ClassPermanent(ReliableTask):
+    name = "tests.class_permanent"
+    queue = "thirdparty"
+
+    def run(self, key: str) -> None:
+        record(self, key)
+        raise ValueError("malformed account id")
+
+
+class_permanent = app.register_task(ClassPermanent())
