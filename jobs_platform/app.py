@@ -53,9 +53,12 @@ class JobsCelery(Celery):  # type: ignore[misc]
         for name, task in self._tasks.items():  # not .tasks: that would finalize again
             if isinstance(task, ReliableTask):
                 check_task_limits(
-                    name, task.retry_policy,
-                    hard_limit_s=task.time_limit, soft_limit_s=task.soft_time_limit,
-                    visibility_timeout_s=vt, margin_s=settings.visibility_margin,
+                    name,
+                    task.retry_policy,
+                    hard_limit_s=task.time_limit,
+                    soft_limit_s=task.soft_time_limit,
+                    visibility_timeout_s=vt,
+                    margin_s=settings.visibility_margin,
                 )
 
 

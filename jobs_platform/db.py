@@ -76,9 +76,7 @@ def alembic_config(url: str) -> Any:
     from alembic.config import Config
 
     config = Config()
-    config.set_main_option(
-        "script_location", str(resources.files("jobs_platform") / "migrations")
-    )
+    config.set_main_option("script_location", str(resources.files("jobs_platform") / "migrations"))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     return config
 

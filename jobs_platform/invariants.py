@@ -40,7 +40,8 @@ def check_task_limits(
     if hard_limit_s is None:
         raise ConfigError(
             f"task {task_name!r} has no hard time limit: set time_limit (seconds) below "
-            f"{budget:g} s (visibility timeout {visibility_timeout_s:g} s minus margin {margin_s:g} s)"
+            f"{budget:g} s (visibility timeout {visibility_timeout_s:g} s "
+            f"minus margin {margin_s:g} s)"
         )
     for label, value in (("time_limit", hard_limit_s), ("soft_time_limit", soft_limit_s)):
         if value is not None and value <= 0:
@@ -75,4 +76,3 @@ def check_countdown(
             f"margin ({budget:g} s); the Redis broker would deliver it more than once. "
             "Use a scheduled (database-backed) job for the distant future."
         )
-

@@ -27,29 +27,46 @@ class WorkerProfile:
 
 PROFILES: dict[str, WorkerProfile] = {
     "fast": WorkerProfile(
-        queue="fast", pool="threads", concurrency=16, prefetch_multiplier=1,
-        max_tasks_per_child=None, soft_time_limit_s=25, time_limit_s=30,
+        queue="fast",
+        pool="threads",
+        concurrency=16,
+        prefetch_multiplier=1,
+        max_tasks_per_child=None,
+        soft_time_limit_s=25,
+        time_limit_s=30,
         why="Short I/O work: with late acks the acknowledgement sits on the critical path, "
         "so many cheap thread slots overlap it with the next task (still at-least-once).",
     ),
     "heavy": WorkerProfile(
-        queue="heavy", pool="prefork", concurrency=max(1, os.cpu_count() or 1),
-        prefetch_multiplier=1, max_tasks_per_child=100, soft_time_limit_s=540, time_limit_s=600,
+        queue="heavy",
+        pool="prefork",
+        concurrency=max(1, os.cpu_count() or 1),
+        prefetch_multiplier=1,
+        max_tasks_per_child=100,
+        soft_time_limit_s=540,
+        time_limit_s=600,
         why="CPU-bound work: one process per core, prefetch 1 so a long job never holds a "
         "second one hostage, children recycled to return leaked memory.",
     ),
     "thirdparty": WorkerProfile(
-        queue="thirdparty", pool="threads", concurrency=8, prefetch_multiplier=1,
-        max_tasks_per_child=None, soft_time_limit_s=50, time_limit_s=60,
-        why="Partner APIs: I/O-bound and slow, isolated so a slow partner only fills its own slots.",
+        queue="thirdparty",
+        pool="threads",
+        concurrency=8,
+        prefetch_multiplier=1,
+        max_tasks_per_child=None,
+        soft_time_limit_s=50,
+        time_limit_s=60,
+        why="Partner APIs: I/O-bound and slow, isolated so a slow partner fills only its slots.",
     ),
 }
 
 
-def worker_argv(app: str, queue: str, *, hostname: str | None = None,
-                loglevel: str = "INFO") -> list[str]:
+def worker_argv(
+    app: str, queue: str, *, hostname: str | None = None, loglevel: str = "INFO"
+) -> list[str]:
     """The ``celery worker`` command line for ``queue``'s profile."""
     profile = PROFILES[check_queue(queue, what="worker profile")]
+    # fmt: off
     argv = [
         "celery", "-A", app, "worker",
         "-Q", profile.queue,
@@ -62,6 +79,7 @@ def worker_argv(app: str, queue: str, *, hostname: str | None = None,
         # monitoring reads events, and redelivery is the broker's job.
         "--without-gossip", "--without-mingle", "--without-heartbeat",
     ]
+    # fmt: on
     if profile.max_tasks_per_child:
         argv += ["--max-tasks-per-child", str(profile.max_tasks_per_child)]
     return argv

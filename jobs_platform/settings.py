@@ -3,7 +3,7 @@
 Precedence: ``create_app(**overrides)`` > environment (``JOBS_<NAME>``) > the default here.
 Reliability settings that must not vary between workers (serialisation, acks, the
 visibility timeout) are pinned in :mod:`jobs_platform.app`, not read from worker flags.
-``python -m jobs_platform.settings`` prints this table as Markdown (it is in the README).
+``markdown_table()`` renders this table for the README (a unit test keeps them in step).
 """
 
 from __future__ import annotations
@@ -34,19 +34,26 @@ class Settings:
     broker_url: str = _knob("redis://127.0.0.1:6379/0", "URL", "Celery broker (Redis).")
     result_backend: str = _knob("", "URL", "Result backend; empty means the broker URL.")
     database_url: str = _knob(
-        "sqlite:///jobs_platform.sqlite3", "URL",
+        "sqlite:///jobs_platform.sqlite3",
+        "URL",
         "Platform tables (dead letters, idempotency keys); SQLite file by default, "
         "PostgreSQL in production.",
     )
     visibility_timeout: float = _knob(
-        3600.0, "s", "Unacknowledged messages return to the queue after this long. Every "
+        3600.0,
+        "s",
+        "Unacknowledged messages return to the queue after this long. Every "
         "task's hard time limit and longest retry wait must stay below it minus the margin.",
     )
     visibility_margin: float = _knob(
-        60.0, "s", "Safety margin kept below the visibility timeout.",
+        60.0,
+        "s",
+        "Safety margin kept below the visibility timeout.",
     )
     unacked_restore_interval: float = _knob(
-        5.0, "s", "How often a worker sweeps for expired unacknowledged messages "
+        5.0,
+        "s",
+        "How often a worker sweeps for expired unacknowledged messages "
         "(kombu's default is effectively ~100 s).",
     )
     max_retries: int = _knob(5, "count", "Default retries after the first attempt.")
@@ -54,14 +61,23 @@ class Settings:
     retry_backoff_max: float = _knob(300.0, "s", "Default cap on one backoff wait.")
     retry_jitter: bool = _knob(True, "bool", "Equal jitter: wait uniform in [w/2, w].")
     retry_unknown_errors: bool = _knob(
-        True, "bool", "Retry exceptions the classifier does not recognise (bounded by max_retries).",
+        True,
+        "bool",
+        "Retry exceptions the classifier does not recognise (bounded by max_retries).",
     )
-    routes: dict[str, str] = _knob(
-        {"celery.*": "fast"}, "JSON",
+    routes: dict[str, str] = _knob(  # noqa: RUF009 (_knob returns a dataclass field)
+        {"celery.*": "fast"},
+        "JSON",
         "Task-name glob -> queue. A task's own `queue` option wins over this table.",
     )
-    default_queue: str = _knob("fast", "queue", "Queue for plain (non-Reliable) tasks with no route.")
+    default_queue: str = _knob(
+        "fast", "queue", "Queue for plain (non-Reliable) tasks with no route."
+    )
     result_expires: float = _knob(86400.0, "s", "How long task results are kept.")
+    idempotency_key_ttl: float = _knob(
+        7 * 86400.0, "s", "How long a recorded idempotency key (and its result) is kept; "
+        "after it a repeat of that side effect counts as new.",
+    )
 
     def __post_init__(self) -> None:
         from jobs_platform.routing import check_queue
@@ -73,6 +89,8 @@ class Settings:
             raise ConfigError("unacked_restore_interval must be > 0 seconds")
         if self.result_expires <= 0:
             raise ConfigError("result_expires must be > 0 seconds")
+        if self.idempotency_key_ttl <= 0:
+            raise ConfigError("idempotency_key_ttl must be > 0 seconds")
         check_queue(self.default_queue, what="default_queue")
         for pattern, queue in self.routes.items():
             check_queue(queue, what=f"routes[{pattern!r}]")
@@ -137,14 +155,13 @@ def markdown_table() -> str:
     """The settings table as Markdown, for the README."""
     rows = ["| Setting (env) | Type | Default | Unit | Meaning |", "|---|---|---|---|---|"]
     for field in dataclasses.fields(Settings):
-        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
-        shown = json.dumps(default) if isinstance(default, dict) else f"`{default}`"
+        default = getattr(Settings(), field.name)
+        if isinstance(default, dict):
+            shown = f"`{json.dumps(default)}`"
+        else:
+            shown = f"`{default}`" if default != "" else "(empty)"
         rows.append(
-            f"| `{env_name(field.name)}` | {field.type} | {shown or '(empty)'} | "
+            f"| `{env_name(field.name)}` | {field.type} | {shown} | "
             f"{field.metadata['unit']} | {field.metadata['doc']} |"
         )
     return "\n".join(rows)
-
-
-if __name__ == "__main__":
-    print(markdown_table())

@@ -107,13 +107,12 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         return _MISSING
 
     @classmethod
-    def _configure(cls, app: Any) -> None:
-        settings = getattr(app, "jobs_settings", None)
-        if settings is None:
-            raise ConfigError(
-                f"task {cls.name!r} uses ReliableTask on an app not made by "
-                "jobs_platform.create_app(); the reliability settings would not be pinned"
-            )
+    def _option(cls, attr: str, default: Any) -> Any:
+        value = cls._declared(attr)
+        return default if value is _MISSING else value
+
+    @classmethod
+    def _check_refused_and_pinned(cls) -> None:
         for attr in _REFUSED:
             if cls._declared(attr) not in (_MISSING, (), None, {}):
                 raise ConfigError(
@@ -122,32 +121,32 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 )
         for attr, pinned in _PINNED.items():
             if cls._declared(attr) not in (_MISSING, pinned):
-                raise ConfigError(f"task {cls.name!r}: {attr} is pinned to {pinned} by ReliableTask")
+                raise ConfigError(
+                    f"task {cls.name!r}: {attr} is pinned to {pinned} by ReliableTask"
+                )
 
-        def option(attr: str, default: Any) -> Any:
-            value = cls._declared(attr)
-            return default if value is _MISSING else value
-
-        max_retries = option("max_retries", settings.max_retries)
+    @classmethod
+    def _resolve_policy(cls, settings: Any) -> RetryPolicy:
+        max_retries = cls._option("max_retries", settings.max_retries)
         if max_retries is None:
             raise ConfigError(
                 f"task {cls.name!r}: max_retries=None would retry forever; give a number"
             )
         for attr in ("retry_backoff", "retry_backoff_max"):
-            if isinstance(option(attr, 0), bool):
-                raise ConfigError(
-                    f"task {cls.name!r}: {attr} is a number of seconds, not a bool"
-                )
+            if isinstance(cls._option(attr, 0), bool):
+                raise ConfigError(f"task {cls.name!r}: {attr} is a number of seconds, not a bool")
         try:
-            policy = RetryPolicy(
+            return RetryPolicy(
                 max_retries=max_retries,
-                backoff_s=option("retry_backoff", settings.retry_backoff),
-                backoff_max_s=option("retry_backoff_max", settings.retry_backoff_max),
-                jitter=bool(option("retry_jitter", settings.retry_jitter)),
+                backoff_s=cls._option("retry_backoff", settings.retry_backoff),
+                backoff_max_s=cls._option("retry_backoff_max", settings.retry_backoff_max),
+                jitter=bool(cls._option("retry_jitter", settings.retry_jitter)),
             )
         except ConfigError as exc:
             raise ConfigError(f"task {cls.name!r}: {exc}") from None
 
+    @classmethod
+    def _resolve_queue(cls, app: Any) -> str:
         queue = getattr(cls, "_declared_queue", None) or app.jobs_router.queue_for(cls.name)
         if queue is None:
             raise ConfigError(
@@ -156,14 +155,34 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             )
         queue = check_queue(queue, what=f"task {cls.name!r}")
         app.jobs_router.declare(cls.name, queue)
+        return queue
+
+    @classmethod
+    def _configure(cls, app: Any) -> None:
+        settings = getattr(app, "jobs_settings", None)
+        if settings is None:
+            raise ConfigError(
+                f"task {cls.name!r} uses ReliableTask on an app not made by "
+                "jobs_platform.create_app(); the reliability settings would not be pinned"
+            )
+        cls._check_refused_and_pinned()
+        policy = cls._resolve_policy(settings)
+        queue = cls._resolve_queue(app)
 
         profile = PROFILES[queue]
-        hard = option("time_limit", None) or profile.time_limit_s
-        soft = option("soft_time_limit", None) or min(profile.soft_time_limit_s, hard * 0.9)
+        hard = cls._option("time_limit", None)
+        hard = profile.time_limit_s if hard is None else hard
+        soft = cls._option("soft_time_limit", None)
+        soft = min(profile.soft_time_limit_s, hard * 0.9) if soft is None else soft
         check_task_limits(
-            cls.name, policy, hard_limit_s=hard, soft_limit_s=soft,
-            visibility_timeout_s=settings.visibility_timeout, margin_s=settings.visibility_margin,
+            cls.name,
+            policy,
+            hard_limit_s=hard,
+            soft_limit_s=soft,
+            visibility_timeout_s=settings.visibility_timeout,
+            margin_s=settings.visibility_margin,
         )
+        option = cls._option
         transient = _exception_types(cls.name, "transient_errors", option("transient_errors", ()))
         permanent = _exception_types(cls.name, "permanent_errors", option("permanent_errors", ()))
         classifier = option("classifier", classify.default_classifier)
@@ -176,7 +195,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         cls.retry_backoff = policy.backoff_s
         cls.retry_backoff_max = policy.backoff_max_s
         cls.retry_jitter = policy.jitter
-        cls.retry_unknown_errors = bool(option("retry_unknown_errors", settings.retry_unknown_errors))
+        cls.retry_unknown_errors = bool(
+            option("retry_unknown_errors", settings.retry_unknown_errors)
+        )
         cls.default_retry_delay = policy.backoff_s  # used by Celery's worker-lost retry
         cls.time_limit, cls.soft_time_limit = hard, soft
         cls.transient_errors, cls.permanent_errors = transient, permanent
@@ -189,7 +210,8 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         if countdown is not None:
             settings = self.app.jobs_settings
             check_countdown(
-                self.name, float(countdown),
+                self.name,
+                float(countdown),
                 visibility_timeout_s=settings.visibility_timeout,
                 margin_s=settings.visibility_margin,
             )
@@ -222,24 +244,34 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         decision = self.classifier(
             exc,
             classify.Attempt(
-                task_name=self.name, number=number,
-                transient_errors=self.transient_errors, permanent_errors=self.permanent_errors,
+                task_name=self.name,
+                number=number,
+                transient_errors=self.transient_errors,
+                permanent_errors=self.permanent_errors,
                 retry_unknown_errors=self.retry_unknown_errors,
             ),
         )
         if isinstance(decision, classify.Fail):
             exc.jobs_outcome = "permanent"  # type: ignore[attr-defined]
             logger.warning(
-                "%s[%s] failed permanently on attempt %d: %s (%s)", self.name, request.id, number,
-                decision.reason, type(exc).__name__,
+                "%s[%s] failed permanently on attempt %d: %s (%s)",
+                self.name,
+                request.id,
+                number,
+                decision.reason,
+                type(exc).__name__,
                 extra={"event": "jobs.task.permanent", "task_name": self.name},
             )
             return
         if request.retries >= self.max_retries:
             exc.jobs_outcome = "exhausted"  # type: ignore[attr-defined]
             logger.warning(
-                "%s[%s] gave up after %d attempts: %s", self.name, request.id, number,
-                type(exc).__name__, extra={"event": "jobs.task.exhausted", "task_name": self.name},
+                "%s[%s] gave up after %d attempts: %s",
+                self.name,
+                request.id,
+                number,
+                type(exc).__name__,
+                extra={"event": "jobs.task.exhausted", "task_name": self.name},
             )
             return
         delay = self.retry_policy.delay_for(
@@ -249,7 +281,10 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         priority = (request.delivery_info or {}).get("priority")
         try:
             raise self.retry(
-                exc=exc, countdown=delay, queue=self._queue_of(request), priority=priority,
+                exc=exc,
+                countdown=delay,
+                queue=self._queue_of(request),
+                priority=priority,
                 headers=headers,
             )
         except Reject as publish_failed:
@@ -265,7 +300,11 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         return self.queue_class
 
     def signature_from_request(
-        self, request: Any = None, args: Any = None, kwargs: Any = None, queue: Any = None,
+        self,
+        request: Any = None,
+        args: Any = None,
+        kwargs: Any = None,
+        queue: Any = None,
         **extra: Any,
     ) -> Any:
         request = self.request if request is None else request
@@ -273,8 +312,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             # Celery's retry_on_worker_lost path: record the lost attempt in the history too.
             extra["headers"] = history.with_error(
                 request.headers,
-                history.entry("billiard.exceptions.WorkerLostError", "worker lost",
-                              request.retries + 1),
+                history.entry(
+                    "billiard.exceptions.WorkerLostError", "worker lost", request.retries + 1
+                ),
             )
         return super().signature_from_request(
             request, args, kwargs, queue=queue or self._queue_of(request), **extra

@@ -24,7 +24,7 @@ T = TypeVar("T")
 
 
 def wait_for(
-    predicate: Callable[[], T | None | bool],
+    predicate: Callable[[], T | bool | None],
     *,
     timeout_s: float,
     interval_s: float = 0.05,
@@ -76,15 +76,29 @@ class RedisServer:
             raise RuntimeError("redis-server is not installed")
         persistence = (
             ["--appendonly", "yes", "--appendfsync", "always"]
-            if self.persistent else ["--save", "", "--appendonly", "no"]
+            if self.persistent
+            else ["--save", "", "--appendonly", "no"]
         )
         self.process = subprocess.Popen(
-            [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.directory,
-             *persistence],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+            [
+                binary,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--dir",
+                self.directory,
+                *persistence,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
         )
-        wait_for(lambda: port_answers("127.0.0.1", self.port), timeout_s=10,
-                 message=f"redis-server on port {self.port}")
+        wait_for(
+            lambda: port_answers("127.0.0.1", self.port),
+            timeout_s=10,
+            message=f"redis-server on port {self.port}",
+        )
         return self
 
     def stop(self) -> None:
@@ -128,8 +142,10 @@ class WorkerProcess:
         extra_args: Sequence[str] = (),
         cwd: str | os.PathLike[str] | None = None,
         log_dir: str | None = None,
+        argv: Sequence[str] | None = None,
     ) -> None:
         self.app = app
+        self._argv = list(argv) if argv is not None else None
         self.queues = list(queues)
         self.pool = pool
         self.concurrency = concurrency
@@ -140,12 +156,40 @@ class WorkerProcess:
         self.log_path = Path(log_dir or tempfile.gettempdir()) / f"{self.hostname}.log"
         self.process: subprocess.Popen[bytes] | None = None
 
+    @classmethod
+    def for_profile(cls, app: str, queue: str, **kwargs: object) -> WorkerProcess:
+        """A worker started exactly as the README's per-queue command (its profile)."""
+        from jobs_platform.profiles import worker_argv
+
+        hostname = str(kwargs.pop("hostname", None) or f"{queue}-{uuid.uuid4().hex[:6]}@demo")
+        argv = [sys.executable, "-m", *worker_argv(app, queue, hostname=hostname)]
+        return cls(app, [queue], hostname=hostname, argv=argv, **kwargs)  # type: ignore[arg-type]
+
     def argv(self) -> list[str]:
+        if self._argv is not None:
+            return self._argv
         return [
-            sys.executable, "-m", "celery", "-A", self.app, "worker",
-            "-Q", ",".join(self.queues), "-P", self.pool, "-c", str(self.concurrency),
-            "-n", self.hostname, "-l", "INFO", "--prefetch-multiplier", "1",
-            "--without-gossip", "--without-mingle", "--without-heartbeat",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            self.app,
+            "worker",
+            "-Q",
+            ",".join(self.queues),
+            "-P",
+            self.pool,
+            "-c",
+            str(self.concurrency),
+            "-n",
+            self.hostname,
+            "-l",
+            "INFO",
+            "--prefetch-multiplier",
+            "1",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
             *self.extra_args,
         ]
 
@@ -153,7 +197,11 @@ class WorkerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            self.argv(), stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.cwd,
+            self.argv(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            cwd=self.cwd,
             start_new_session=True,
         )
         log.close()
@@ -171,12 +219,16 @@ class WorkerProcess:
         def ready() -> bool:
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(
-                    f"worker {self.hostname} exited with {self.process.returncode}:\n{self.log()[-4000:]}"
+                    f"worker {self.hostname} exited with {self.process.returncode}:\n"
+                    f"{self.log()[-4000:]}"
                 )
             return f"{self.hostname} ready." in self.log()
 
-        wait_for(ready, timeout_s=timeout_s, message=lambda: f"worker {self.hostname} to be ready:\n"
-                 f"{self.log()[-2000:]}")
+        wait_for(
+            ready,
+            timeout_s=timeout_s,
+            message=lambda: f"worker {self.hostname} to be ready:\n{self.log()[-2000:]}",
+        )
 
     def wait_exit(self, timeout_s: float = 60) -> int:
         assert self.process is not None

@@ -41,7 +41,9 @@ def redis_client(redis_url: str) -> Iterator[redis.Redis]:
     client.close()
 
 
-PG_ADMIN_URL = os.environ.get("JOBS_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+PG_ADMIN_URL = os.environ.get(
+    "JOBS_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
 
 
 @pytest.fixture(scope="session")

@@ -14,12 +14,15 @@ from jobs_platform.profiles import PROFILES, worker_argv
 
 @click.command("worker-profile")
 @click.argument("queue", type=click.Choice(sorted(PROFILES)))
-@click.option("--print", "print_only", is_flag=True, help="Print the command instead of running it.")
+@click.option(
+    "--print", "print_only", is_flag=True, help="Print the command instead of running it."
+)
 @click.option("--hostname", "-n", default=None, help="Worker node name (default QUEUE@%h).")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.pass_context
-def worker_profile(ctx: click.Context, queue: str, print_only: bool, hostname: str | None,
-                   loglevel: str) -> None:
+def worker_profile(
+    ctx: click.Context, queue: str, print_only: bool, hostname: str | None, loglevel: str
+) -> None:
     """Run a worker with QUEUE's profile (pool, concurrency, prefetch, recycling)."""
     app: Any = ctx.obj.app
     app_name = os.environ.get("JOBS_APP") or app.main

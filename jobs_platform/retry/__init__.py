@@ -4,7 +4,14 @@ Nothing in this package imports Celery, so it is unit-tested in milliseconds.
 """
 
 from jobs_platform.retry.backoff import equal_jitter_delay
-from jobs_platform.retry.classify import Attempt, Classifier, Decision, Fail, Retry, default_classifier
+from jobs_platform.retry.classify import (
+    Attempt,
+    Classifier,
+    Decision,
+    Fail,
+    Retry,
+    default_classifier,
+)
 from jobs_platform.retry.policy import RetryPolicy
 
 __all__ = [

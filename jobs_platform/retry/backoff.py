@@ -36,7 +36,7 @@ def equal_jitter_delay(
     jitter: bool = True,
     rng: UniformRng | None = None,
 ) -> float:
-    """Seconds to wait before retry ``retry_number``; in ``[w/2, w]``, exactly ``w`` without jitter."""
+    """Seconds before retry ``retry_number``: in ``[w/2, w]``; exactly ``w`` without jitter."""
     window = backoff_window(retry_number, base_s, cap_s)
     if not jitter:
         return window

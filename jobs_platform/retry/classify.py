@@ -1,4 +1,4 @@
-"""Transient-vs-permanent classification: one pure strategy, ``classifier(exc, attempt) -> Decision``.
+"""Transient-vs-permanent classification: one pure ``classifier(exc, attempt) -> Decision``.
 
 An error is retried only when retrying can help: the call never reached the other
 side (connection refused/reset, DNS, timeouts), or the other side asked us to come
@@ -156,7 +156,9 @@ def default_classifier(exc: BaseException, attempt: Attempt) -> Decision:
     if attempt.permanent_errors and isinstance(exc, attempt.permanent_errors):
         return Fail(f"{type(exc).__name__} is listed in permanent_errors")
     if attempt.transient_errors and isinstance(exc, attempt.transient_errors):
-        return Retry(f"{type(exc).__name__} is listed in transient_errors", retry_after_seconds(exc))
+        return Retry(
+            f"{type(exc).__name__} is listed in transient_errors", retry_after_seconds(exc)
+        )
     if isinstance(exc, PermanentError):
         return Fail("PermanentError")
     if isinstance(exc, TransientError):
@@ -167,4 +169,3 @@ def default_classifier(exc: BaseException, attempt: Attempt) -> Decision:
     if attempt.retry_unknown_errors:
         return Retry(f"{type(exc).__name__} is unclassified; retrying (retry_unknown_errors)")
     return Fail(f"{type(exc).__name__} is unclassified; not retrying (retry_unknown_errors off)")
-

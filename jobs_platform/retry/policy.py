@@ -8,7 +8,7 @@ import math
 from jobs_platform.errors import ConfigError
 from jobs_platform.retry.backoff import UniformRng, equal_jitter_delay
 
-#: A hard ceiling on ``max_retries``: unbounded retries are how "a bug that retries forever" happens.
+#: A ceiling on ``max_retries``: unbounded retries are how "a bug that retries forever" happens.
 MAX_RETRIES_CEILING = 1000
 
 
@@ -39,7 +39,11 @@ class RetryPolicy:
             )
         for name in ("backoff_s", "backoff_max_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+            ):
                 raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
             if value <= 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
@@ -60,7 +64,7 @@ class RetryPolicy:
         retry_after_s: float | None = None,
         rng: UniformRng | None = None,
     ) -> float:
-        """Seconds before retry ``retry_number`` (1-based); a server's Retry-After wins up to the cap."""
+        """Seconds before retry ``retry_number`` (1-based); Retry-After wins, up to the cap."""
         delay = equal_jitter_delay(
             retry_number, self.backoff_s, self.backoff_max_s, jitter=self.jitter, rng=rng
         )

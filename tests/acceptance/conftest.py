@@ -35,16 +35,19 @@ def test_app(worker_env: dict[str, str]) -> Any:
 
 
 def make_worker(env: dict[str, str], queues: list[str], tmp: Path, **kwargs: Any) -> WorkerProcess:
-    return WorkerProcess("tests.support.worker_app", queues, env=env, cwd=str(ROOT),
-                         log_dir=str(tmp), **kwargs)
+    return WorkerProcess(
+        "tests.support.worker_app", queues, env=env, cwd=str(ROOT), log_dir=str(tmp), **kwargs
+    )
 
 
 @pytest.fixture(scope="module")
-def fast_worker(worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory,
-                test_app: Any) -> Iterator[WorkerProcess]:
+def fast_worker(
+    worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, test_app: Any
+) -> Iterator[WorkerProcess]:
     """One prefork worker consuming fast and thirdparty (not heavy)."""
-    with make_worker(worker_env, ["fast", "thirdparty"], tmp_path_factory.mktemp("w"),
-                     concurrency=2) as worker:
+    with make_worker(
+        worker_env, ["fast", "thirdparty"], tmp_path_factory.mktemp("w"), concurrency=2
+    ) as worker:
         yield worker
 
 
@@ -53,6 +56,10 @@ def runs(client: redis.Redis, key: str) -> list[dict[str, Any]]:
 
 
 def wait_state(result: Any, states: set[str], timeout_s: float = 30) -> str:
-    return str(wait_for(lambda: result.state if result.state in states else None,
-                        timeout_s=timeout_s, message=lambda: f"{result.id} in {states} "
-                        f"(now {result.state})"))
+    return str(
+        wait_for(
+            lambda: result.state if result.state in states else None,
+            timeout_s=timeout_s,
+            message=lambda: f"{result.id} in {states} (now {result.state})",
+        )
+    )

@@ -13,14 +13,17 @@ from kombu import Connection, Exchange, Producer
 
 from jobs_platform import DispatchError
 from jobs_platform.testing import WorkerProcess, wait_for
-from tests.acceptance.conftest import ROOT, make_worker, runs, wait_state
+from tests.acceptance.conftest import ROOT, make_worker, runs
 
 pytestmark = pytest.mark.acceptance
 
 
 def test_heavy_task_is_never_consumed_by_a_fast_worker_and_retries_stay_on_heavy(
-    test_app: Any, fast_worker: WorkerProcess, redis_client: redis.Redis,
-    worker_env: dict[str, str], tmp_path: Path,
+    test_app: Any,
+    fast_worker: WorkerProcess,
+    redis_client: redis.Redis,
+    worker_env: dict[str, str],
+    tmp_path: Path,
 ) -> None:
     heavy_key, canary = uuid.uuid4().hex, uuid.uuid4().hex
     heavy = test_app.heavy_flaky.delay(heavy_key, 1)
@@ -44,22 +47,37 @@ def test_pickle_message_is_not_executed_and_worker_keeps_working(
 ) -> None:
     pickled_key, after_key = uuid.uuid4().hex, uuid.uuid4().hex
     task_id = str(uuid.uuid4())
-    body = pickle.dumps(((pickled_key,), {}, {"callbacks": None, "errbacks": None,
-                                             "chain": None, "chord": None}))
+    body = pickle.dumps(
+        ((pickled_key,), {}, {"callbacks": None, "errbacks": None, "chain": None, "chord": None})
+    )
     with Connection(redis_url) as conn:
         Producer(conn).publish(
-            body, exchange=Exchange("fast", type="direct"), routing_key="fast",
-            serializer=None, content_type="application/x-python-serialize",
+            body,
+            exchange=Exchange("fast", type="direct"),
+            routing_key="fast",
+            serializer=None,
+            content_type="application/x-python-serialize",
             content_encoding="binary",
-            headers={"lang": "py", "task": "tests.record", "id": task_id, "root_id": task_id,
-                     "retries": 0, "argsrepr": repr((pickled_key,)), "kwargsrepr": "{}"},
+            headers={
+                "lang": "py",
+                "task": "tests.record",
+                "id": task_id,
+                "root_id": task_id,
+                "retries": 0,
+                "argsrepr": repr((pickled_key,)),
+                "kwargsrepr": "{}",
+            },
         )
     assert test_app.record_run.delay(after_key).get(timeout=30) == after_key
     assert runs(redis_client, pickled_key) == []
     assert fast_worker.alive
-    wait_for(lambda: "ContentDisallowed" in fast_worker.log() or
-             "disallowed" in fast_worker.log().lower(), timeout_s=10,
-             message="the worker to log the refused pickle message")
+    wait_for(
+        lambda: (
+            "ContentDisallowed" in fast_worker.log() or "disallowed" in fast_worker.log().lower()
+        ),
+        timeout_s=10,
+        message="the worker to log the refused pickle message",
+    )
 
 
 def test_non_json_argument_fails_at_dispatch(test_app: Any, redis_client: redis.Redis) -> None:
@@ -95,8 +113,13 @@ def test_countdown_beyond_visibility_timeout_fails_at_dispatch(test_app: Any) ->
 def test_worker_refuses_to_start_when_an_invariant_is_broken(
     case: str, expected: str, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    worker = WorkerProcess("tests.support.refusal_app", ["fast"], cwd=str(ROOT),
-                           env={**worker_env, "JOBS_TEST_REFUSAL": case}, log_dir=str(tmp_path))
+    worker = WorkerProcess(
+        "tests.support.refusal_app",
+        ["fast"],
+        cwd=str(ROOT),
+        env={**worker_env, "JOBS_TEST_REFUSAL": case},
+        log_dir=str(tmp_path),
+    )
     worker.start(wait=False)
     try:
         code = worker.wait_exit(60)
@@ -110,7 +133,12 @@ def test_worker_refuses_to_start_when_an_invariant_is_broken(
 def test_refusal_app_starts_when_nothing_is_broken(
     worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    worker = WorkerProcess("tests.support.refusal_app", ["fast"], cwd=str(ROOT),
-                           env={**worker_env, "JOBS_TEST_REFUSAL": "none"}, log_dir=str(tmp_path))
+    worker = WorkerProcess(
+        "tests.support.refusal_app",
+        ["fast"],
+        cwd=str(ROOT),
+        env={**worker_env, "JOBS_TEST_REFUSAL": "none"},
+        log_dir=str(tmp_path),
+    )
     with worker:
         assert worker.alive

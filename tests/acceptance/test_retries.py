@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import uuid
 from typing import Any
 
@@ -19,7 +21,7 @@ def key() -> str:
 
 
 def gaps(records: list[dict[str, Any]]) -> list[float]:
-    return [b["t"] - a["t"] for a, b in zip(records, records[1:], strict=False)]
+    return [b["t"] - a["t"] for a, b in itertools.pairwise(records)]
 
 
 # Worker scheduling adds latency above the policy's upper bound, never below its lower bound.
@@ -51,8 +53,11 @@ def test_always_failing_runs_max_retries_plus_one_then_fails_once(
     assert wait_state(result, {"FAILURE"}) == "FAILURE"
     assert isinstance(result.result, ConnectionError)  # the original exception, not MaxRetries
     assert len(runs(redis_client, k)) == 4
-    failures = wait_for(lambda: redis_client.lrange(f"jptest:failures:{result.id}", 0, -1),
-                        timeout_s=10, message="task_failure")
+    failures = wait_for(
+        lambda: redis_client.lrange(f"jptest:failures:{result.id}", 0, -1),
+        timeout_s=10,
+        message="task_failure",
+    )
     assert failures == ["ConnectionError"]
     # Nothing else arrives later: no fifth run is queued anywhere.
     assert redis_client.llen("fast") == 0

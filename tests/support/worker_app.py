@@ -42,8 +42,9 @@ def record(task: Any, key: str) -> int:
 
 
 @signals.task_failure.connect
-def _count_failure(sender: Any = None, task_id: str | None = None, exception: Any = None,
-                   **_: Any) -> None:
+def _count_failure(
+    sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
+) -> None:
     _redis.rpush(f"jptest:failures:{task_id}", type(exception).__name__)
 
 
@@ -54,8 +55,15 @@ def flaky(self: Any, key: str, failures: int) -> str:
     return "ok"
 
 
-@app.task(base=ReliableTask, bind=True, name="tests.always_fails", queue="fast", max_retries=3,
-          retry_backoff=0.2, retry_backoff_max=0.4)
+@app.task(
+    base=ReliableTask,
+    bind=True,
+    name="tests.always_fails",
+    queue="fast",
+    max_retries=3,
+    retry_backoff=0.2,
+    retry_backoff_max=0.4,
+)
 def always_fails(self: Any, key: str) -> None:
     record(self, key)
     raise ConnectionError("partner refused the connection")

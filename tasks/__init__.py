@@ -1,0 +1,17 @@
+"""The reference application: example tasks written the jobs-platform way.
+
+Conventions: pass IDs, not objects (a queued message outlives the object it named);
+one verb per task; every task declares its queue; side effects are idempotent (a
+deterministic output path, a status compare-and-swap, a downstream idempotency key).
+
+Start a worker per queue with ``celery -A tasks worker-profile fast`` (see the README).
+"""
+
+from jobs_platform import create_app
+
+app = create_app("tasks")
+
+# Importing the modules declares (and validates) their tasks.
+from tasks import email, media, partner  # noqa: E402
+
+__all__ = ["app", "email", "media", "partner"]

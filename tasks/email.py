@@ -1,0 +1,29 @@
+"""fast queue: send a welcome email.
+
+The "mail server" is an outbox directory; the message file name is derived from the
+user id, so a redelivered task rewrites the same file instead of sending a second mail.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs_platform import PermanentError, ReliableTask
+from tasks import app
+from tasks.paths import atomic_write, data_dir
+
+
+def lookup_email(user_id: int) -> str:
+    if user_id <= 0:
+        raise PermanentError(f"user {user_id} does not exist")
+    return f"user{user_id}@example.com"
+
+
+@app.task(
+    base=ReliableTask, bind=True, name="tasks.email.send_welcome_email", queue="fast", max_retries=5
+)
+def send_welcome_email(self: Any, user_id: int) -> str:
+    address = lookup_email(user_id)
+    path = data_dir() / "outbox" / f"welcome-{user_id}.eml"
+    atomic_write(path, f"To: {address}\nSubject: Welcome!\n\nHello user {user_id}.\n".encode())
+    return str(path)

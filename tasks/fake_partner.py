@@ -1,0 +1,64 @@
+"""A scripted partner API on loopback, for the demo and tests (never a real network).
+
+Behaviour by account id: 1 answers 200; 2 answers 503 with ``Retry-After: 1`` once, then
+200; 3 answers 404 (a permanent error); 4 always answers 503 (retries run out). Every
+request is recorded so a caller can count what the partner saw.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class FakePartner:
+    def __init__(self) -> None:
+        self.requests: list[int] = []
+        self._lock = threading.Lock()
+        partner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                account = int(self.path.rstrip("/").rsplit("/", 1)[-1])
+                status, headers = partner.answer(account)
+                body = json.dumps({"account_id": account, "status": status}).encode()
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:  # keep the demo output readable
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def answer(self, account: int) -> tuple[int, dict[str, str]]:
+        with self._lock:
+            self.requests.append(account)
+            seen = self.requests.count(account)
+        if account == 2 and seen == 1:
+            return 503, {"Retry-After": "1"}
+        if account == 3:
+            return 404, {}
+        if account == 4:
+            return 503, {}
+        return 200, {}
+
+    def __enter__(self) -> FakePartner:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,63 @@
+"""The settings table: precedence, parsing, validation, and the README copy."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from jobs_platform import ConfigError, Settings
+from jobs_platform.settings import env_name, markdown_table
+
+
+def test_defaults() -> None:
+    s = Settings.load(environ={})
+    assert s.broker_url == "redis://127.0.0.1:6379/0"
+    assert s.database_url.startswith("sqlite:///")
+    assert s.visibility_timeout == 3600
+    assert s.result_backend_url == s.broker_url
+
+
+def test_precedence_override_then_env_then_default() -> None:
+    env = {"JOBS_VISIBILITY_TIMEOUT": "600", "JOBS_MAX_RETRIES": "7", "JOBS_RETRY_JITTER": "off"}
+    s = Settings.load(environ=env, max_retries=2)
+    assert s.visibility_timeout == 600.0
+    assert s.max_retries == 2  # the override wins over the environment
+    assert s.retry_jitter is False
+
+
+def test_routes_from_json_env() -> None:
+    s = Settings.load(environ={"JOBS_ROUTES": '{"billing.*": "thirdparty"}'})
+    assert s.routes == {"billing.*": "thirdparty"}
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"JOBS_VISIBILITY_TIMEOUT": "abc"}, "JOBS_VISIBILITY_TIMEOUT='abc' is not a valid float"),
+        ({"JOBS_RETRY_JITTER": "maybe"}, "not a valid bool"),
+        ({"JOBS_ROUTES": "[1]"}, "JSON object"),
+        ({"JOBS_ROUTES": '{"x.*": "nope"}'}, "known queues are fast, heavy, thirdparty"),
+        ({"JOBS_VISIBILITY_TIMEOUT": "30", "JOBS_VISIBILITY_MARGIN": "30"}, "visibility_margin"),
+        ({"JOBS_VISIBILITY_TIMEOUT": "-1"}, "visibility_timeout must be > 0"),
+        ({"JOBS_MAX_RETRIES": "-2"}, "max_retries"),
+        ({"JOBS_DEFAULT_QUEUE": "slow"}, "unknown queue 'slow'"),
+    ],
+)
+def test_bad_values_are_refused_clearly(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.load(environ=env)
+
+
+def test_unknown_override_is_refused_with_the_known_names() -> None:
+    with pytest.raises(ConfigError, match=r"unknown setting.*visibilty_timeout.*known"):
+        Settings.load(environ={}, visibilty_timeout=10)
+
+
+def test_every_setting_has_unit_doc_and_appears_in_the_readme() -> None:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for field in dataclasses.fields(Settings):
+        assert field.metadata["unit"] and field.metadata["doc"], field.name
+        assert f"`{env_name(field.name)}`" in readme, f"{env_name(field.name)} missing from README"
+    assert markdown_table().count("\n") == len(dataclasses.fields(Settings)) + 1
