@@ -6,6 +6,7 @@ against services on this machine. Every helper cleans up what it started.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -123,6 +124,17 @@ class RedisServer:
         self.close()
 
 
+#: Every worker started and not yet stopped: killed at interpreter exit as a safety net, so a
+#: failing test can never leave a worker behind to consume a later test's messages.
+_LIVE: set[WorkerProcess] = set()
+
+
+@atexit.register
+def _kill_leftover_workers() -> None:
+    for proc in list(_LIVE):
+        proc.kill()
+
+
 class WorkerProcess:
     """A real ``celery worker`` subprocess in its own process group, so it can be killed.
 
@@ -204,6 +216,7 @@ class WorkerProcess:
             cwd=self.cwd,
             start_new_session=True,
         )
+        _LIVE.add(self)
         log.close()
         if wait:
             self.wait_ready(timeout_s)
@@ -238,20 +251,25 @@ class WorkerProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def signal(self, signum: int) -> None:
-        """Send ``signum`` to the whole worker (main process and pool children)."""
+    def signal(self, signum: int, *, group: bool = False) -> None:
+        """Send ``signum`` to the main process (as ``docker stop`` or systemd do), or to the
+        whole group (main process and pool children) with ``group=True``."""
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signum)
+                if group:
+                    os.killpg(self.process.pid, signum)
+                else:
+                    self.process.send_signal(signum)
 
     def kill(self) -> None:
         """SIGKILL the whole worker: no chance to ack, requeue or say goodbye."""
-        self.signal(signal.SIGKILL)
+        self.signal(signal.SIGKILL, group=True)
         if self.process is not None:
             self.process.wait(30)
+        _LIVE.discard(self)
 
     def stop(self, timeout_s: float = 20) -> None:
-        """Warm shutdown (SIGTERM), then SIGKILL at the deadline."""
+        """Warm shutdown (SIGTERM to the main process), then SIGKILL at the deadline."""
         if self.process is None:
             return
         self.signal(signal.SIGTERM)
@@ -259,8 +277,10 @@ class WorkerProcess:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
-        # Pool children of a killed main process may linger; the group kill catches them.
-        self.signal(signal.SIGKILL)
+        # Orphaned pool children, if any, go with the group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        _LIVE.discard(self)
 
     def __enter__(self) -> WorkerProcess:
         return self.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,19 +17,27 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def worker_env(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return {
+def worker_env(
+    redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, str]]:
+    """The environment of worker processes, applied to this process too: apps created here
+    (to dispatch and read results) must talk to the same isolated Redis database."""
+    env = {
         "JOBS_BROKER_URL": redis_url,
         "JOBS_DATABASE_URL": f"sqlite:///{tmp_path_factory.mktemp('db')}/jobs.sqlite3",
-        "PYTHONPATH": str(ROOT),
     }
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    yield {**env, "PYTHONPATH": str(ROOT)}
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="session")
 def test_app(worker_env: dict[str, str]) -> Any:
-    import os
-
-    os.environ.update({k: v for k, v in worker_env.items() if k != "PYTHONPATH"})
     from tests.support import worker_app
 
     return worker_app

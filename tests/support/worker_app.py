@@ -1,51 +1,30 @@
-"""Tasks that real worker processes run in the integration tests.
+"""Tasks that real worker processes run in the acceptance tests (see recording.py).
 
-Each run appends a JSON record to the Redis list ``jptest:runs:<key>`` (time, host,
-queue, priority, retries, history length), so a test can count attempts and measure
-the gaps between them. The broker URL comes from ``JOBS_BROKER_URL`` (the test's own DB).
+The broker URL comes from ``JOBS_BROKER_URL`` (the test session's own Redis database).
 """
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from typing import Any
 
-import redis
 from celery import signals
 
 from jobs_platform import PermanentError, ReliableTask, TransientError, create_app
-from jobs_platform.history import errors_of
+from tests.support.recording import record, record_failure
 
 app = create_app(
     "testapp",
     retry_backoff=float(os.environ.get("JOBS_TEST_BACKOFF", "0.5")),
     retry_backoff_max=4.0,
 )
-_redis = redis.Redis.from_url(app.conf.broker_url)
-
-
-def record(task: Any, key: str) -> int:
-    """Record this run; return how many runs (including this one) ``key`` has had."""
-    delivery = task.request.delivery_info or {}
-    entry = {
-        "t": time.time(),
-        "host": task.request.hostname,
-        "queue": delivery.get("routing_key"),
-        "priority": delivery.get("priority"),
-        "retries": task.request.retries,
-        "errors": len(errors_of(task.request.headers)),
-        "task_id": task.request.id,
-    }
-    return int(_redis.rpush(f"jptest:runs:{key}", json.dumps(entry)))
 
 
 @signals.task_failure.connect
 def _count_failure(
     sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
 ) -> None:
-    _redis.rpush(f"jptest:failures:{task_id}", type(exception).__name__)
+    record_failure(task_id, exception)
 
 
 @app.task(base=ReliableTask, bind=True, name="tests.flaky", queue="fast", max_retries=5)
