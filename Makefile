@@ -38,4 +38,4 @@ bench: install services
 	$(BIN)/python -m bench.throughput
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo jobs_platform.sqlite3*

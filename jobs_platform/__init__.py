@@ -10,9 +10,13 @@ from jobs_platform.errors import (
     ConfigError,
     DispatchError,
     JobsPlatformError,
+    KeyInUse,
+    LostRace,
     PermanentError,
+    SkipTransition,
     TransientError,
 )
+from jobs_platform.idempotency import IdempotencyKeys, Transition, claim_columns, transition
 from jobs_platform.retry import RetryPolicy
 from jobs_platform.settings import Settings
 from jobs_platform.task import ReliableTask
@@ -20,11 +24,18 @@ from jobs_platform.task import ReliableTask
 __all__ = [
     "ConfigError",
     "DispatchError",
+    "IdempotencyKeys",
     "JobsPlatformError",
+    "KeyInUse",
+    "LostRace",
     "PermanentError",
     "ReliableTask",
     "RetryPolicy",
     "Settings",
+    "SkipTransition",
     "TransientError",
+    "Transition",
+    "claim_columns",
     "create_app",
+    "transition",
 ]

@@ -15,7 +15,10 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from jobs_platform.deadletter import CONSUMER as DEAD_LETTER_CONSUMER
+from jobs_platform.deadletter import install as install_dead_letters
 from jobs_platform.errors import ConfigError
+from jobs_platform.idempotency import unique
 from jobs_platform.routing import QUEUE_NAMES, Router
 from jobs_platform.settings import Settings
 
@@ -105,6 +108,8 @@ def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
         "result_expires": dt.timedelta(seconds=settings.result_expires),
         "enable_utc": True,
         "timezone": "UTC",
+        # Records poison messages (unknown task, undecodable, pickle) before Celery drops them.
+        "worker_consumer": DEAD_LETTER_CONSUMER,
     }
 
 
@@ -116,4 +121,8 @@ def create_app(main: str = "jobs_platform", **overrides: Any) -> JobsCelery:
     app.jobs_settings = settings
     app.jobs_router = router
     app.config_from_object(celery_config(settings, router))
+    # Unique-dispatch locks go when their job ends (connected once per process).
+    unique.connect_receivers()
+    # Dead letters: terminal failures stored once (drainer bootstep + signal receivers).
+    install_dead_letters(app)
     return app

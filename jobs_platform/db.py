@@ -60,7 +60,12 @@ def _create(url: str) -> sa.Engine:
             cursor.close()
 
         return engine
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    connect_args = {"connect_timeout": 5} if url.startswith("postgresql") else {}
+    # A black-holed database must fail a write in seconds (the dead-letter spool takes
+    # over), not after the kernel's TCP timeout.
+    return sa.create_engine(
+        url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args=connect_args
+    )
 
 
 def dispose_engines() -> None:
@@ -81,8 +86,20 @@ def alembic_config(url: str) -> Any:
     return config
 
 
+#: Serialises migrations of workers starting at once against one PostgreSQL database.
+_MIGRATION_LOCK_ID = 0x6A6F6273  # "jobs"
+
+
 def upgrade(url: str, revision: str = "head") -> None:
     """Apply the platform's migrations to ``url`` (idempotent; safe to call at every start)."""
     from alembic import command
 
-    command.upgrade(alembic_config(url), revision)
+    if not url.startswith("postgresql"):
+        command.upgrade(alembic_config(url), revision)  # SQLite serialises writers itself
+        return
+    with engine_for(url).connect() as lock_conn:
+        lock_conn.execute(sa.text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
+        try:
+            command.upgrade(alembic_config(url), revision)
+        finally:
+            lock_conn.execute(sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})

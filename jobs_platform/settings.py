@@ -74,8 +74,46 @@ class Settings:
         "fast", "queue", "Queue for plain (non-Reliable) tasks with no route."
     )
     result_expires: float = _knob(86400.0, "s", "How long task results are kept.")
+    auto_migrate: bool = _knob(
+        True,
+        "bool",
+        "A worker applies the platform's migrations at start "
+        "(`celery -A APP db upgrade` does it by hand).",
+    )
+    dlq_redact_keys: str = _knob(
+        "password,passwd,secret,token,api_key,authorization,card_number,cvv",
+        "CSV",
+        "Keys masked (recursively, case-insensitive) in dead-letter args, kwargs and headers.",
+    )
+    dlq_spool_key: str = _knob(
+        "jobs:dlq:spool",
+        "Redis key",
+        "Broker list holding dead letters until the database has them.",
+    )
+    dlq_drain_interval: float = _knob(
+        5.0,
+        "s",
+        "How often a worker moves spooled dead letters into the database.",
+    )
+    dlq_write_attempts: int = _knob(
+        3,
+        "count",
+        "Attempts of one dead-letter database write before it stays spooled.",
+    )
+    dlq_webhook_url: str = _knob(
+        "",
+        "URL",
+        "POST a JSON summary of new dead letters here (empty: no webhook).",
+    )
+    dlq_webhook_interval: float = _knob(
+        10.0,
+        "s",
+        "Webhook aggregation window: at most one POST per window per process.",
+    )
     idempotency_key_ttl: float = _knob(
-        7 * 86400.0, "s", "How long a recorded idempotency key (and its result) is kept; "
+        7 * 86400.0,
+        "s",
+        "How long a recorded idempotency key (and its result) is kept; "
         "after it a repeat of that side effect counts as new.",
     )
 
@@ -89,6 +127,10 @@ class Settings:
             raise ConfigError("unacked_restore_interval must be > 0 seconds")
         if self.result_expires <= 0:
             raise ConfigError("result_expires must be > 0 seconds")
+        if self.dlq_drain_interval <= 0 or self.dlq_webhook_interval <= 0:
+            raise ConfigError("dlq_drain_interval and dlq_webhook_interval must be > 0 seconds")
+        if self.dlq_write_attempts < 1:
+            raise ConfigError("dlq_write_attempts must be >= 1")
         if self.idempotency_key_ttl <= 0:
             raise ConfigError("idempotency_key_ttl must be > 0 seconds")
         check_queue(self.default_queue, what="default_queue")

@@ -8,8 +8,9 @@ after an equal-jitter backoff, with the attempt history in the message headers. 
 
 Options use Celery's names where Celery has one (``max_retries``, ``retry_backoff``,
 ``retry_backoff_max``, ``retry_jitter``, ``time_limit``, ``soft_time_limit``), plus
-``queue``, ``transient_errors``, ``permanent_errors``, ``retry_unknown_errors`` and
-``classifier``. They are validated when the task is declared.
+``queue``, ``transient_errors``, ``permanent_errors``, ``retry_unknown_errors``,
+``classifier``, ``business_key`` and ``unique_for`` (:mod:`jobs_platform.idempotency`).
+They are validated when the task is declared.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from kombu.exceptions import EncodeError
 
 from jobs_platform import history
 from jobs_platform.errors import ConfigError, DispatchError
+from jobs_platform.idempotency import unique
 from jobs_platform.invariants import check_countdown, check_task_limits
 from jobs_platform.profiles import PROFILES
 from jobs_platform.retry import classify
@@ -63,6 +65,11 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     classifier: ClassVar[Any] = staticmethod(classify.default_classifier)
     #: RNG for the jitter (inject a seeded one in tests).
     rng: ClassVar[UniformRng | None] = None
+    #: Argument names that identify the logical job (e.g. ``("invoice_id",)``); they give
+    #: ``idempotency_key`` and the unique-dispatch lock (:mod:`jobs_platform.idempotency.unique`).
+    business_key: ClassVar[tuple[str, ...]] = ()
+    #: Seconds: while such a job is queued or running, dispatching it again returns its id.
+    unique_for: ClassVar[float | None] = None
 
     acks_late = True
     reject_on_worker_lost = True
@@ -202,6 +209,16 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         cls.time_limit, cls.soft_time_limit = hard, soft
         cls.transient_errors, cls.permanent_errors = transient, permanent
         cls.classifier = staticmethod(classifier)
+        cls.business_key, cls.unique_for = unique.check_declaration(
+            cls.name, cls.run, option("business_key", ()), option("unique_for", None)
+        )
+
+    @property
+    def idempotency_key(self) -> str:
+        """The running job's stable key (same across retries, redeliveries and replays)."""
+        if not self.business_key:
+            raise ConfigError(f"task {self.name!r}: declare business_key=(...) to get a key")
+        return unique.identity_of(self, self.request.args, self.request.kwargs)
 
     # -- dispatch ------------------------------------------------------------------------------
 
@@ -219,6 +236,8 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         if history.ENQUEUED_HEADER not in headers:
             options["headers"] = {**headers, history.ENQUEUED_HEADER: history.utcnow_iso()}
         try:
+            if self.unique_for is not None:
+                return unique.dispatch_once(self, args, kwargs, options, super().apply_async)
             return super().apply_async(args, kwargs, **options)
         except EncodeError as exc:
             raise DispatchError(

@@ -1,17 +1,24 @@
 """``make demo``: the reference app end to end on real services, with a readable report.
 
 It uses ``JOBS_BROKER_URL`` if a Redis answers there, otherwise starts a private
-redis-server on a free loopback port; starts one real worker per queue with its profile;
-enqueues a small workload (including a flaky job and failing ones); follows every job
-through Celery's own events; prints what happened; and stops everything it started.
-Exits 1 if any job ended differently than expected.
+redis-server on a free loopback port; applies the platform's migrations to the embedded
+SQLite database; starts one real worker per queue with its profile; then shows
+
+1. retries: a small workload (a flaky job, failing ones) followed through Celery's own
+   events: attempts, waits and outcomes;
+2. dead letters: every failed job as one row, its alert line, and a replay after the cause
+   was fixed (a second replay of the same row enqueues nothing);
+3. idempotent side effects: an invoice charged by a dispatch, a duplicate dispatch and a
+   replay, and the payment gateway's own count of charges (one).
+
+It stops everything it started and leaves the dead letters in ``./jobs_platform.sqlite3``
+so ``celery -A tasks dlq list`` works afterwards. Exits 1 if anything went unexpectedly.
 """
 
 from __future__ import annotations
 
-import itertools
-
 import contextlib
+import itertools
 import os
 import sys
 import threading
@@ -179,6 +186,51 @@ def report(jobs: list[Job]) -> bool:
     return ok
 
 
+def section(title: str) -> None:
+    console.rule(f"[bold]{title}")
+
+
+def show_billing(report: dict[str, Any]) -> bool:
+    table = Table(title="One invoice, charged three ways")
+    table.add_column("what")
+    table.add_column("result")
+    table.add_row(
+        "dispatch + duplicate dispatch (unique for 300 s)",
+        "same task id" if report["same_task_id_on_duplicate_dispatch"] else "[red]two jobs[/]",
+    )
+    table.add_row(
+        "replay of the finished job (a new message)",
+        "skipped: status CAS saw 'paid'"
+        if report["replay_result"] is None
+        else str(report["replay_result"]),
+    )
+    table.add_row("invoice status", str(report["status"]))
+    table.add_row("charges recorded by the payment gateway", str(report["gateway_charges"]))
+    table.add_row("receipts sent", str(report["receipts_sent"]))
+    console.print(table)
+    return (
+        report["gateway_charges"] == 1
+        and report["receipts_sent"] == 1
+        and report["status"] == "paid"
+        and report["same_task_id_on_duplicate_dispatch"]
+    )
+
+
+def dead_letters(app: Any, jobs: list[Job], procs: list[WorkerProcess], partner: Any) -> bool:
+    from jobs_platform.deadletter.demo import show_and_replay
+
+    failed = [j for j in jobs if j.expected == "FAILURE"]
+    exhausted = next(j for j in failed if j.expected_attempts and j.expected_attempts > 1)
+    return show_and_replay(
+        app,
+        [j.result.id for j in failed],
+        replay_task_id=exhausted.result.id,
+        fix=lambda: partner.heal(4),  # the partner fixed account 4: the replay succeeds
+        log_paths=[p.log_path for p in procs],
+        console=console,
+    )
+
+
 def run() -> int:
     DEMO_DIR.mkdir(exist_ok=True)
     data_dir = DEMO_DIR / "appdata"
@@ -195,7 +247,16 @@ def run() -> int:
             "JOBS_RETRY_BACKOFF_MAX": "4",
         }
         os.environ.update(env)
-        from tasks import app  # after the environment is set: the app reads it
+        from jobs_platform import db
+        from tasks import app, billing  # after the environment is set: the app reads it
+        from tasks.gateway import GatewayServer
+
+        database_url = app.jobs_settings.database_url
+        db.upgrade(database_url)  # once, before the workers (they would race on SQLite)
+        console.print(f"database: [bold]{database_url}[/] (migrated)")
+        gateway = GatewayServer().start()
+        env["BILLING_GATEWAY_URL"] = gateway.url
+        env["JOBS_AUTO_MIGRATE"] = "0"
 
         procs = [
             WorkerProcess.for_profile(
@@ -223,16 +284,25 @@ def run() -> int:
                 time.sleep(0.5)  # let the last events arrive (they are informational only)
                 for job in jobs:
                     job.events = events.by_task.get(job.result.id, [])
+
+                section("1. Retries: classified, with equal-jitter backoff, through the broker")
+                ok = report(jobs)
+                console.print(
+                    f"the partner API saw {len(partner.requests)} requests: "
+                    f"{sorted(partner.requests)}; retries went back through the broker to the "
+                    "same queue, permanent errors (unknown user, HTTP 404) failed at once."
+                )
+                section("2. Dead letters: every failed job lands once, alerts, and a replay")
+                ok &= dead_letters(app, jobs, procs, partner)
+                section("3. Side effects once: status CAS + the gateway's idempotency key")
+                ok &= show_billing(billing.replay_demo(gateway_url=gateway.url))
             finally:
                 for proc in procs:
                     proc.stop()
-        ok = report(jobs)
-        console.print(
-            f"the partner API saw {len(partner.requests)} requests: {sorted(partner.requests)}"
-        )
+                gateway.stop()
     console.print(
-        "retries went back through the broker to the same queue with equal-jitter "
-        "backoff; permanent errors (unknown user, HTTP 404) failed at once."
+        f"dead letters stay in {database_url}: try [bold]celery -A tasks dlq list[/] "
+        "and [bold]celery -A tasks dlq stats[/]"
     )
     if not ok:
         console.print("[bold red]some jobs did not end as expected[/]")

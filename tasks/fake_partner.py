@@ -1,8 +1,9 @@
 """A scripted partner API on loopback, for the demo and tests (never a real network).
 
 Behaviour by account id: 1 answers 200; 2 answers 503 with ``Retry-After: 1`` once, then
-200; 3 answers 404 (a permanent error); 4 always answers 503 (retries run out). Every
-request is recorded so a caller can count what the partner saw.
+200; 3 answers 404 (a permanent error); 4 answers 503 (retries run out) until
+:meth:`FakePartner.heal` fixes it. Every request is recorded so a caller can count what the
+partner saw.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 class FakePartner:
     def __init__(self) -> None:
         self.requests: list[int] = []
+        self.healed: set[int] = set()
         self._lock = threading.Lock()
         partner = self
 
@@ -51,9 +53,14 @@ class FakePartner:
             return 503, {"Retry-After": "1"}
         if account == 3:
             return 404, {}
-        if account == 4:
+        if account == 4 and account not in self.healed:
             return 503, {}
         return 200, {}
+
+    def heal(self, account: int) -> None:
+        """ "Fix the cause" on the partner's side, so a replay can succeed."""
+        with self._lock:
+            self.healed.add(account)
 
     def __enter__(self) -> FakePartner:
         self.thread.start()

@@ -69,3 +69,23 @@ def pg_url() -> Iterator[str]:
 @pytest.fixture()
 def sqlite_url(tmp_path: object) -> str:
     return f"sqlite:///{tmp_path}/jobs.sqlite3"
+
+
+@pytest.fixture(scope="module")
+def module_pg_url() -> Iterator[str]:
+    """A PostgreSQL database of this test module's own (dead-letter tests wipe their table)."""
+    import sqlalchemy as sa
+
+    name = f"jobs_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    except sa.exc.OperationalError as exc:
+        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} does not answer: {exc}")
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -1,0 +1,1 @@
+"""Benchmarks behind ``make bench`` (throughput and idle memory of real worker processes)."""

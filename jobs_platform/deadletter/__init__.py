@@ -1,0 +1,54 @@
+"""The dead-letter table: every terminal failure stored once, with what a replay needs.
+
+::
+
+    record.py    DeadLetter (plain data), fingerprint, redaction          (pure)
+    model.py     the dead_letter_jobs table                               (SQLAlchemy)
+    store.py     insert-or-ignore, listing, stats, replay/discard/purge  (SQLAlchemy)
+    spool.py     the durable spool on the broker                          (Redis)
+    sink.py      capture = spool, then database; drain the spool          (no Celery)
+    alerts.py    ERROR log line, aggregated webhook
+    metrics.py   Prometheus counters
+    receiver.py  task_failure / task_revoked receivers                    (Celery)
+    poison.py    consumer that records poison messages; worker Request    (Celery)
+    worker.py    bootstep: migrate at start, drain the spool              (Celery)
+    replay.py    replay a row through the normal dispatch                 (Celery)
+
+:func:`install` wires it into an app; :func:`jobs_platform.create_app` calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs_platform.deadletter.record import DeadLetter
+from jobs_platform.deadletter.store import DeadLetterStore, Filter
+
+#: ``worker_consumer`` for apps made by create_app (a string: only workers import it).
+CONSUMER = "jobs_platform.deadletter.poison:DeadLetterConsumer"
+
+__all__ = ["CONSUMER", "DeadLetter", "DeadLetterStore", "Filter", "install", "store_for"]
+
+
+def install(app: Any) -> None:
+    """Add the drainer bootstep and connect the receivers (``worker_consumer`` is config)."""
+    from celery import signals
+
+    from jobs_platform.deadletter import receiver
+    from jobs_platform.deadletter.worker import DeadLetterStep
+
+    app.steps["worker"].add(DeadLetterStep)
+    receiver.connect()
+    signals.worker_process_init.connect(
+        _dispose_engines, weak=False, dispatch_uid="jobs.db.dispose_engines"
+    )
+
+
+def _dispose_engines(**_: Any) -> None:
+    from jobs_platform.db import dispose_engines
+
+    dispose_engines()
+
+
+def store_for(app: Any) -> DeadLetterStore:
+    return DeadLetterStore(app.jobs_settings.database_url)

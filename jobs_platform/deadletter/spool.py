@@ -1,0 +1,63 @@
+"""The durable spool: a Redis list on the broker that holds dead letters until stored.
+
+A dead letter is pushed here *before* the database write and removed only after the row
+is committed, so a database outage, a crash between the two, or a slow migration loses
+nothing: the worker's drainer retries later. Entries are whole JSON documents; removal is
+by value (``LREM``), so several drainers may work on the list at once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import redis
+
+#: Network waits on the spool are bounded: it sits on the failure path of every task.
+SOCKET_TIMEOUT_S = 5.0
+
+_lock = threading.Lock()
+_clients: dict[tuple[int, str], redis.Redis] = {}
+
+
+def _client(url: str) -> redis.Redis:
+    key = (os.getpid(), url)
+    with _lock:
+        client = _clients.get(key)
+        if client is None:
+            client = redis.Redis.from_url(
+                url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
+            )
+            _clients[key] = client
+        return client
+
+
+class Spool:
+    def __init__(self, url: str, key: str) -> None:
+        self.url = url
+        self.key = key
+
+    @property
+    def client(self) -> redis.Redis:
+        return _client(self.url)
+
+    def push(self, text: str) -> None:
+        self.client.rpush(self.key, text)
+
+    def peek(self, count: int) -> list[str]:
+        """Up to ``count`` entries, oldest first (they stay in the spool)."""
+        items = self.client.lrange(self.key, 0, count - 1)
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in items]
+
+    def remove(self, text: str) -> None:
+        self.client.lrem(self.key, 1, text)
+
+    def depth(self) -> int:
+        return int(self.client.llen(self.key))
+
+    def quarantine(self, text: str) -> None:
+        """Move an entry that cannot be parsed aside, so it neither blocks nor vanishes."""
+        pipe = self.client.pipeline()
+        pipe.rpush(f"{self.key}:unreadable", text)
+        pipe.lrem(self.key, 1, text)
+        pipe.execute()

@@ -1,0 +1,97 @@
+"""The worker bootstep: apply migrations at start, then drain the spool in the background.
+
+Runs in the worker's main process only. The drainer thread makes a pass every
+``JOBS_DLQ_DRAIN_INTERVAL`` seconds, and at once when the main process spooled a dead
+letter (those are never written to the database from the consumer's event loop).
+
+Start-up migration is bounded: a database that is down at start must not stop the worker
+(dead letters wait in the spool meanwhile), and the drainer retries the migration before
+each pass until it succeeds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import tenacity
+from celery import bootsteps
+
+from jobs_platform import db
+from jobs_platform.deadletter.sink import WAKE_DRAINER, sink_for
+
+logger = logging.getLogger("jobs_platform.deadletter")
+
+MIGRATE_ATTEMPTS = 3
+
+
+def migrate(url: str) -> bool:
+    """Apply migrations with bounded retries; whether the schema is now current."""
+    # Two workers starting at once can race on the first CREATE TABLE; the loser's retry
+    # finds the schema in place.
+    try:
+        tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(MIGRATE_ATTEMPTS),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        )(db.upgrade, url)
+    except Exception as exc:
+        logger.error(
+            "jobs.db.migrate_failed: could not migrate %s: %s",
+            _safe(url),
+            exc,
+            extra={"event": "jobs.db.migrate_failed"},
+        )
+        return False
+    return True
+
+
+def _safe(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<database url>"
+
+
+class DeadLetterStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    label = "dead-letter drainer"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._migrated = False
+
+    def start(self, parent: Any) -> None:
+        app = parent.app
+        settings = app.jobs_settings
+        self._stop.clear()
+        if settings.auto_migrate:
+            self._migrated = migrate(settings.database_url)
+        self._thread = threading.Thread(
+            target=self._run, args=(app,), name="jobs-dlq-drainer", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, app: Any) -> None:
+        settings = app.jobs_settings
+        while not self._stop.is_set():
+            # Cleared before the pass: a dead letter spooled meanwhile wakes the next one.
+            WAKE_DRAINER.clear()
+            if settings.auto_migrate and not self._migrated:
+                self._migrated = migrate(settings.database_url)
+            sink_for(app).drain_quietly()
+            WAKE_DRAINER.wait(settings.dlq_drain_interval)
+
+    def stop(self, parent: Any) -> None:
+        self._stop.set()
+        WAKE_DRAINER.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        sink_for(parent.app).drain_quietly()  # last chance; what is left stays spooled
+
+    def shutdown(self, parent: Any) -> None:
+        self.stop(parent)

@@ -1,0 +1,229 @@
+"""Idempotency keys: claim a key before a side effect, record its result after.
+
+For side effects on services that cannot dedupe themselves (an email provider, a
+webhook), the platform keeps one row per logical side effect in ``idempotency_keys``
+(``key`` is UNIQUE). A handler :meth:`~IdempotencyKeys.claim`\\ s the key; the first
+claimant runs the side effect and :meth:`~IdempotencyKeys.record`\\ s its result; every
+later delivery gets that result back instead of running it again. A failure
+:meth:`~IdempotencyKeys.release`\\ s the key so the retry can claim it. A claim carries
+a lease like the status CAS (:mod:`jobs_platform.idempotency.lease`): a crashed
+claimant's key can be taken over once the lease ran out. Rows expire after
+``JOBS_IDEMPOTENCY_KEY_TTL`` and are then treated as never seen (and purged).
+
+:meth:`~IdempotencyKeys.run_once` wraps the three steps::
+
+    keys = IdempotencyKeys.for_app(self.app)
+    return keys.run_once(self.idempotency_key, send, task=self.name)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
+
+import sqlalchemy as sa
+
+from jobs_platform.db import engine_for
+from jobs_platform.errors import ConfigError, KeyInUse
+from jobs_platform.idempotency import events
+from jobs_platform.idempotency.lease import (
+    Clock,
+    current_task,
+    lease_for,
+    new_owner,
+    same_job_prefix,
+    utcnow,
+)
+from jobs_platform.idempotency.model import CLAIMED, DONE, idempotency_keys
+
+T = TypeVar("T")
+
+MAX_KEY_LENGTH = 255
+
+Outcome = Literal["claimed", "done", "busy"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyClaim:
+    """What :meth:`IdempotencyKeys.claim` found: ours to run, done already, or held elsewhere."""
+
+    key: str
+    outcome: Outcome
+    owner: str | None = None
+    #: The recorded result when ``outcome == "done"``.
+    result: Any = None
+
+    @property
+    def claimed(self) -> bool:
+        return self.outcome == "claimed"
+
+
+class IdempotencyKeys:
+    """The ``idempotency_keys`` table of one database (PostgreSQL or SQLite)."""
+
+    def __init__(self, database_url: str, *, ttl_s: float, clock: Clock = utcnow) -> None:
+        if ttl_s <= 0:
+            raise ConfigError(f"idempotency key ttl must be > 0 seconds, got {ttl_s}")
+        self.database_url = database_url
+        self.ttl_s = float(ttl_s)
+        self.clock = clock
+
+    @classmethod
+    def for_app(cls, app: Any) -> IdempotencyKeys:
+        settings = app.jobs_settings
+        return cls(settings.database_url, ttl_s=settings.idempotency_key_ttl)
+
+    @property
+    def engine(self) -> sa.Engine:
+        return engine_for(self.database_url)
+
+    def claim(
+        self,
+        key: str,
+        *,
+        task: str,
+        lease_s: float,
+        owner: str | None = None,
+        same_job: str | None = None,
+    ) -> KeyClaim:
+        """Claim ``key`` (committed on return) unless it is done or held by a live claimant.
+
+        Inside a task, ``owner`` and ``same_job`` (claims of earlier attempts of the running
+        job, taken over at once) come from the task.
+        """
+        _check_key(key)
+        running = current_task()
+        owner = owner or new_owner(running)
+        same_job = same_job or same_job_prefix(running)
+        now = self.clock()
+        lease = now + dt.timedelta(seconds=lease_s)
+        t = idempotency_keys.c
+        fresh = {
+            "state": CLAIMED,
+            "owner": owner,
+            "result": None,
+            "updated_at": now,
+            "lease_expires_at": lease,
+            "expires_at": now + dt.timedelta(seconds=self.ttl_s),
+        }
+        stale = [t.lease_expires_at < now]
+        if same_job is not None:
+            stale.append(t.owner.startswith(same_job, autoescape=True))
+        with self.engine.begin() as conn:
+            insert = _insert_ignoring_duplicates(
+                conn, {**fresh, "key": key, "task": task, "created_at": now}
+            )
+            # RETURNING, not rowcount: with RETURNING (which SQLAlchemy adds for the id)
+            # the driver reports no rowcount; an ignored duplicate returns no row.
+            if conn.execute(insert.returning(t.id)).first() is not None:
+                return KeyClaim(key, "claimed", owner)
+            # The key exists: take it over only if its claimant's lease or the row expired.
+            takeover = (
+                sa.update(idempotency_keys)
+                .where(
+                    t.key == key,
+                    sa.or_(
+                        sa.and_(t.state == CLAIMED, sa.or_(*stale)),
+                        t.expires_at < now,
+                    ),
+                )
+                .values({**fresh, "task": task, "created_at": now})
+            )
+            if conn.execute(takeover).rowcount == 1:
+                return KeyClaim(key, "claimed", owner)
+            row = conn.execute(sa.select(t.state, t.owner, t.result).where(t.key == key)).one()
+        if row.state == DONE:
+            return KeyClaim(key, "done", row.owner, row.result)
+        return KeyClaim(key, "busy", row.owner)
+
+    def record(self, claim: KeyClaim, result: Any) -> bool:
+        """Mark ``claim``'s key done with ``result`` (JSON); False if the claim was lost."""
+        t = idempotency_keys.c
+        stmt = (
+            sa.update(idempotency_keys)
+            .where(t.key == claim.key, t.state == CLAIMED, t.owner == claim.owner)
+            .values(state=DONE, result=result, updated_at=self.clock(), lease_expires_at=None)
+        )
+        with self.engine.begin() as conn:
+            return bool(conn.execute(stmt).rowcount == 1)
+
+    def release(self, claim: KeyClaim) -> bool:
+        """Forget ``claim``'s key (the side effect did not happen) so a retry can claim it."""
+        t = idempotency_keys.c
+        stmt = sa.delete(idempotency_keys).where(
+            t.key == claim.key, t.state == CLAIMED, t.owner == claim.owner
+        )
+        with self.engine.begin() as conn:
+            return bool(conn.execute(stmt).rowcount == 1)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(idempotency_keys).where(idempotency_keys.c.key == key)
+            ).first()
+        return None if row is None else dict(row._mapping)
+
+    def purge_expired(self) -> int:
+        """Delete rows past their expiry; returns how many."""
+        stmt = sa.delete(idempotency_keys).where(idempotency_keys.c.expires_at < self.clock())
+        with self.engine.begin() as conn:
+            return int(conn.execute(stmt).rowcount)
+
+    def run_once(
+        self, key: str, fn: Callable[[], T], *, task: str, lease_s: float | None = None
+    ) -> T:
+        """Run ``fn`` once per ``key``; a duplicate gets the recorded result back.
+
+        ``lease_s`` defaults to the running task's hard time limit. While another live
+        attempt holds the key this raises :class:`KeyInUse` (transient: the retry finds the
+        recorded result). ``fn``'s result must be JSON-serialisable.
+        """
+        claim = self.claim(key, task=task, lease_s=lease_for(current_task(), lease_s))
+        if claim.outcome == "done":
+            events.skipped(
+                task, "key", "%s: duplicate of %s; returning its recorded result", task, key
+            )
+            return claim.result  # type: ignore[no-any-return]
+        if claim.outcome == "busy":
+            raise KeyInUse(f"idempotency key {key!r} is held by {claim.owner}")
+        try:
+            result = fn()
+        except BaseException:
+            self.release(claim)
+            raise
+        if not self.record(claim, result):
+            events.logger.warning(
+                "%s: the claim on %s was lost before its result was recorded",
+                task,
+                key,
+                extra={"event": "jobs.key.lease_lost", "task_name": task},
+            )
+        return result
+
+
+def _check_key(key: str) -> None:
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise ConfigError(f"an idempotency key is 1-{MAX_KEY_LENGTH} characters, got {key!r}")
+
+
+def _insert_ignoring_duplicates(conn: sa.Connection, values: dict[str, Any]) -> Any:
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+        return (
+            pg_insert(idempotency_keys)
+            .values(values)
+            .on_conflict_do_nothing(index_elements=["key"])
+        )
+    if dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+        return (
+            sqlite_insert(idempotency_keys)
+            .values(values)
+            .on_conflict_do_nothing(index_elements=["key"])
+        )
+    raise ConfigError(f"idempotency keys support PostgreSQL and SQLite, not {dialect}")

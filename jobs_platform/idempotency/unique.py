@@ -1,0 +1,230 @@
+"""Business keys, stable idempotency keys and unique dispatch (Laravel's ``ShouldBeUnique``).
+
+A task declares its *business key*, the arguments that name the logical job
+(``business_key=("invoice_id",)``). From it come:
+
+* ``task.idempotency_key``: ``"billing.charge_invoice:invoice_id=42"``, identical across
+  retries, redeliveries and replays (it depends on the arguments, not on the message), to
+  pass to downstream APIs as their ``Idempotency-Key``;
+* unique dispatch, with ``unique_for=<seconds>``: dispatching the job while one is queued or
+  running returns the existing task id instead of enqueuing. The lock is one atomic
+  ``SET key task_id NX PX`` on the broker's Redis; it goes when the job succeeds or finally
+  fails (``task_postrun``) or is revoked (``task_revoked``), by compare-and-delete so only
+  its own job can remove it. A killed worker runs no receiver: ``unique_for`` bounds that.
+
+Unique dispatch is a courtesy to the queue (no pile-up of identical jobs), not a guard:
+``send_task`` and replays bypass it. The guards are the status CAS and idempotency keys.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import redis
+from celery import signals
+
+from jobs_platform.errors import ConfigError, DispatchError
+from jobs_platform.idempotency import events
+
+logger = logging.getLogger("jobs_platform.idempotency")
+
+LOCK_PREFIX = "jobs:unique:"
+#: Longer identities are hashed so they fit an ``Idempotency-Key`` header (255 at most).
+MAX_IDENTITY_LENGTH = 200
+
+# SET NX PX, else read the holder: one round trip, so no gap in which the lock can vanish.
+_ACQUIRE = """
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {ARGV[1], 1} end
+return {redis.call('get', KEYS[1]), 0}
+"""
+# Compare-and-delete: only the job that holds the lock may drop it.
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
+return 0
+"""
+#: Celery states after which the job is over (a RETRY is still the same job).
+_FINAL_STATES = frozenset({"SUCCESS", "FAILURE"})
+
+
+def check_declaration(
+    task_name: str, run: Callable[..., Any], business_key: Any, unique_for: Any
+) -> tuple[tuple[str, ...], float | None]:
+    """Validate ``business_key`` / ``unique_for`` when the task is declared."""
+    names = (business_key,) if isinstance(business_key, str) else tuple(business_key or ())
+    params = inspect.signature(run).parameters
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for name in names:
+        if not isinstance(name, str) or (name not in params and not accepts_any):
+            raise ConfigError(
+                f"task {task_name!r}: business_key {name!r} is not an argument of the task "
+                f"(arguments: {', '.join(params)})"
+            )
+    if unique_for is None:
+        return names, None
+    if isinstance(unique_for, bool) or not isinstance(unique_for, int | float) or unique_for <= 0:
+        raise ConfigError(
+            f"task {task_name!r}: unique_for is a number of seconds > 0, got {unique_for!r}"
+        )
+    return names, float(unique_for)
+
+
+def business_identity(task_name: str, values: Mapping[str, Any]) -> str:
+    """``"<task>:<name>=<json>,..."``: the stable identity of one logical job."""
+    parts = ",".join(
+        f"{name}={json.dumps(value, sort_keys=True, separators=(',', ':'))}"
+        for name, value in values.items()
+    )
+    identity = f"{task_name}:{parts}"
+    if len(identity) > MAX_IDENTITY_LENGTH:
+        digest = hashlib.sha256(identity.encode()).hexdigest()
+        identity = f"{task_name[:100]}:sha256={digest}"
+    return identity
+
+
+def identity_of(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
+    """The identity of ``task`` called with ``args``/``kwargs`` (its business key values)."""
+    names: tuple[str, ...] = task.business_key
+    try:
+        bound = inspect.signature(task.run).bind(*(args or ()), **(kwargs or {}))
+    except TypeError as exc:
+        raise DispatchError(f"{task.name}: {exc}") from None
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    extra = arguments.pop(
+        next((n for n, p in bound.signature.parameters.items() if p.kind is p.VAR_KEYWORD), ""), {}
+    )
+    arguments.update(extra)
+    missing = [n for n in names if n not in arguments]
+    if missing:
+        raise DispatchError(f"{task.name}: business key argument(s) {missing} not given")
+    return business_identity(task.name, {n: arguments[n] for n in names})
+
+
+class UniqueLocks:
+    """The dispatch locks in one Redis database."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._acquire = client.register_script(_ACQUIRE)
+        self._release = client.register_script(_RELEASE)
+
+    def acquire(self, identity: str, task_id: str, ttl_s: float) -> tuple[str, bool]:
+        """``(holder, acquired_now)``: the id of the job holding the lock after this call."""
+        holder, acquired = self._acquire(
+            keys=[LOCK_PREFIX + identity], args=[task_id, max(1, int(ttl_s * 1000))]
+        )
+        return _text(holder), bool(acquired)
+
+    def release(self, identity: str, task_id: str) -> bool:
+        return bool(self._release(keys=[LOCK_PREFIX + identity], args=[task_id]))
+
+    def holder(self, identity: str) -> str | None:
+        value = self.client.get(LOCK_PREFIX + identity)
+        return None if value is None else _text(value)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+_clients_lock = threading.Lock()
+_clients: dict[tuple[int, str], UniqueLocks] = {}
+
+
+def locks_for(url: str) -> UniqueLocks:
+    """The locks on the Redis at ``url``, one client per process (like db.engine_for)."""
+    key = (os.getpid(), url)
+    with _clients_lock:
+        locks = _clients.get(key)
+        if locks is None:
+            locks = _clients[key] = UniqueLocks(redis.Redis.from_url(url))
+        return locks
+
+
+def dispatch_once(
+    task: Any, args: Any, kwargs: Any, options: dict[str, Any], publish: Callable[..., Any]
+) -> Any:
+    """Publish unless the same logical job is queued or running; return its AsyncResult.
+
+    A call with an explicit ``task_id`` is always published (see below).
+    """
+    identity = identity_of(task, args, kwargs)
+    explicit_id = options.get("task_id")
+    task_id = explicit_id or _new_id()
+    locks = locks_for(task.app.conf.broker_url)
+    holder, acquired = locks.acquire(identity, task_id, task.unique_for)
+    # An explicit task id re-publishes a known job (a retry keeps its id, as does a replay of
+    # the same message): it is always published, since dropping it could lose the job.
+    if holder != task_id and explicit_id is None:
+        events.skipped(
+            task.name,
+            "unique",
+            "%s: %s is already queued or running as %s",
+            task.name,
+            identity,
+            holder,
+        )
+        return task.AsyncResult(holder)
+    try:
+        return publish(args, kwargs, **{**options, "task_id": task_id})
+    except BaseException:
+        if acquired:
+            locks.release(identity, task_id)
+        raise
+
+
+def _new_id() -> str:
+    from celery.utils import uuid
+
+    return str(uuid())
+
+
+def release_for(task: Any, task_id: str | None, args: Any, kwargs: Any) -> None:
+    if not task_id or getattr(task, "unique_for", None) is None:
+        return
+    try:
+        identity = identity_of(task, args, kwargs)
+        locks_for(task.app.conf.broker_url).release(identity, task_id)
+    except Exception:
+        # Receivers must not raise (Celery only logs it); the lock's TTL still frees it.
+        logger.exception(
+            "%s[%s]: could not release its unique-dispatch lock",
+            task.name,
+            task_id,
+            extra={"event": "jobs.unique.release_failed", "task_name": task.name},
+        )
+
+
+def _on_postrun(
+    sender: Any = None,
+    task_id: str | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    state: str | None = None,
+    **_: Any,
+) -> None:
+    if state in _FINAL_STATES:
+        release_for(sender, task_id, args, kwargs)
+
+
+def _on_revoked(sender: Any = None, request: Any = None, **_: Any) -> None:
+    if request is not None:
+        release_for(
+            sender,
+            getattr(request, "id", None),
+            getattr(request, "args", None),
+            getattr(request, "kwargs", None),
+        )
+
+
+def connect_receivers() -> None:
+    """Release unique-dispatch locks when jobs end (idempotent: one connection per process)."""
+    signals.task_postrun.connect(_on_postrun, weak=False, dispatch_uid="jobs.unique.postrun")
+    signals.task_revoked.connect(_on_revoked, weak=False, dispatch_uid="jobs.unique.revoked")

@@ -1,0 +1,397 @@
+"""Dead letters with real prefork workers, the real Redis broker and real PostgreSQL.
+
+Every terminal path lands exactly once with the right reason; poison messages land with
+their raw body; a fixed job replays from the CLI with lineage, exactly once.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import datetime as dt
+import gc
+import importlib
+import json
+import os
+import pickle
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+from jobs_platform.cli.dlq import dlq
+from jobs_platform.deadletter.store import DeadLetterStore
+from jobs_platform.testing import RedisServer, WorkerProcess, wait_for
+from tests.acceptance.conftest import ROOT
+
+pytestmark = pytest.mark.acceptance
+
+APP = "tests.support.dlq_app"
+
+
+def dlq_env(redis_url: str, database_url: str, **extra: str) -> dict[str, str]:
+    return {
+        "JOBS_BROKER_URL": redis_url,
+        "JOBS_DATABASE_URL": database_url,
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
+
+
+def import_dlq_app(env: dict[str, str]) -> Any:
+    """The client side of ``tests.support.dlq_app`` (configured from ``env`` on first import)."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        from tests.support import dlq_app
+
+        # Each module has its own broker and database: rebuild the app from this env.
+        return importlib.reload(dlq_app)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class CliApp:
+    """The test app as the CLI sees it, pointed at ``database_url``."""
+
+    def __init__(self, app: Any, database_url: str) -> None:
+        self._app = app
+        self.jobs_settings = dataclasses.replace(app.jobs_settings, database_url=database_url)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._app, name)
+
+
+def cli(app: Any, database_url: str, *args: str) -> Any:
+    return CliRunner().invoke(dlq, list(args), obj=SimpleNamespace(app=CliApp(app, database_url)))
+
+
+def push_raw(
+    client: redis.Redis, queue: str, body: bytes, content_type: str, headers: dict[str, Any]
+) -> None:
+    """Put a message straight into a Redis queue, the way kombu would have."""
+    client.lpush(
+        queue,
+        json.dumps(
+            {
+                "body": base64.b64encode(body).decode(),
+                "content-encoding": "binary",
+                "content-type": content_type,
+                "headers": headers,
+                "properties": {
+                    "body_encoding": "base64",
+                    "delivery_tag": str(uuid.uuid4()),
+                    "delivery_info": {"exchange": queue, "routing_key": queue},
+                    "delivery_mode": 2,
+                    "priority": 0,
+                },
+            }
+        ),
+    )
+
+
+def rows_for(store: DeadLetterStore, task_id: str, timeout_s: float = 30) -> list[dict[str, Any]]:
+    return wait_for(
+        lambda: store.by_task_id(task_id),
+        timeout_s=timeout_s,
+        message=f"a dead letter for {task_id}",
+    )
+
+
+def alert_lines(worker: WorkerProcess, task_id: str) -> list[str]:
+    return [
+        line
+        for line in worker.log().splitlines()
+        if "jobs.dlq.dead_letter" in line and f"task_id={task_id}" in line
+    ]
+
+
+@pytest.fixture(scope="module")
+def private_redis() -> Iterator[RedisServer]:
+    # A broker of our own: a stray worker left consuming "fast" on a shared DB (seen here)
+    # would otherwise take these messages.
+    with RedisServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def env(private_redis: RedisServer, module_pg_url: str) -> dict[str, str]:
+    return dlq_env(private_redis.url, module_pg_url)
+
+
+@pytest.fixture()
+def broker(private_redis: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(private_redis.url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def release_results(app: Any) -> None:
+    """Let go of result subscriptions while this module's broker still answers.
+
+    Each ``delay()`` subscribes to its result channel; an AsyncResult finalized after the
+    private redis-server stopped would raise inside ``__del__``, failing a later test.
+    """
+    gc.collect()
+    consumer = getattr(app.backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.subscribed_to.clear()
+        consumer.stop()
+
+
+@pytest.fixture(scope="module")
+def app_module(env: dict[str, str]) -> Iterator[Any]:
+    module = import_dlq_app(env)
+    yield module
+    release_results(module.app)
+
+
+@pytest.fixture(scope="module")
+def store(module_pg_url: str) -> DeadLetterStore:
+    return DeadLetterStore(module_pg_url)
+
+
+@pytest.fixture(scope="module")
+def worker(
+    env: dict[str, str],
+    app_module: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[WorkerProcess]:
+    with WorkerProcess(
+        APP,
+        ["fast", "heavy"],
+        env=env,
+        cwd=str(ROOT),
+        concurrency=2,
+        log_dir=str(tmp_path_factory.mktemp("dlqw")),
+    ) as proc:
+        yield proc
+
+
+def test_every_terminal_path_lands_once_with_its_reason(
+    app_module: Any,
+    worker: WorkerProcess,
+    store: DeadLetterStore,
+) -> None:
+    past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
+    sent = {
+        "exhausted": app_module.exhausted.delay("k1", password="hunter2").id,
+        "permanent": app_module.permanent.delay("k2").id,
+        "rejected": app_module.rejected.delay("k3").id,
+        "time_limit": app_module.time_limit.delay("k4").id,
+        "worker_lost": app_module.worker_lost.delay("k5").id,
+        "expired": app_module.ok.apply_async(("k6",), expires=past).id,
+    }
+    for reason, task_id in sent.items():
+        [row] = rows_for(store, task_id)
+        assert row["reason"] == reason, (reason, row["errors"])
+        assert row["status"] == "dead" and row["worker"] == worker.hostname
+
+    [exhausted] = store.by_task_id(sent["exhausted"])
+    # max_retries=3: four attempts, four errors, in order, with UTC times.
+    assert exhausted["attempts"] == 4
+    assert [e["attempt"] for e in exhausted["errors"]] == [1, 2, 3, 4]
+    assert [e["type"] for e in exhausted["errors"]] == ["builtins.ConnectionError"] * 4
+    times = [dt.datetime.fromisoformat(e["at"]) for e in exhausted["errors"]]
+    assert times == sorted(times) and all(t.utcoffset() == dt.timedelta(0) for t in times)
+    assert exhausted["args"] == ["k1"] and exhausted["kwargs"] == {"password": "***"}
+    assert exhausted["redacted"] and exhausted["queue"] == "fast"
+    assert "ConnectionError: partner refused connection #k1" in exhausted["traceback"]
+    assert exhausted["enqueued_at"] <= exhausted["failed_at"]
+
+    [lost] = store.by_task_id(sent["worker_lost"])
+    assert lost["attempts"] == 2 and lost["queue"] == "heavy"  # max_retries=1, then the cap
+
+    # Celery fires task_failure twice on a hard time limit: wait until both paths have run.
+    tl = sent["time_limit"]
+    wait_for(
+        lambda: (
+            f"Hard time limit (1.0s) exceeded for dlq.time_limit[{tl}]" in worker.log()
+            and "Task handler raised error: TimeLimitExceeded" in worker.log()
+        ),
+        timeout_s=20,
+        message="both hard-time-limit paths",
+    )
+    assert len(store.by_task_id(tl)) == 1
+    for task_id in sent.values():
+        assert len(alert_lines(worker, task_id)) == 1, task_id
+
+
+def test_poison_messages_land_with_their_raw_body(
+    worker: WorkerProcess,
+    store: DeadLetterStore,
+    private_redis: RedisServer,
+) -> None:
+    raw = redis.Redis.from_url(private_redis.url)  # bytes in, bytes out
+
+    def headers(task: str) -> dict[str, Any]:
+        task_id = str(uuid.uuid4())
+        return {"lang": "py", "task": task, "id": task_id, "root_id": task_id, "retries": 0}
+
+    unknown, garbage, pickled = headers("no.such.task"), headers("dlq.ok"), headers("dlq.ok")
+    pickle_body = pickle.dumps((("k",), {}, {}))
+    push_raw(raw, "fast", json.dumps([["x"], {"n": 1}, {}]).encode(), "application/json", unknown)
+    push_raw(raw, "fast", b"\x00\xff{not json", "application/json", garbage)
+    push_raw(raw, "fast", pickle_body, "application/x-python-serialize", pickled)
+    raw.close()
+
+    [row] = rows_for(store, unknown["id"])
+    assert (row["reason"], row["task_name"]) == ("poison", "no.such.task")
+    assert row["error_type"] == "celery.exceptions.NotRegistered"
+    assert row["raw_body"] == '[["x"], {"n": 1}, {}]' and row["raw_body_encoding"] == "utf-8"
+    assert (row["args"], row["kwargs"]) == (["x"], {"n": 1})  # replayable once deployed
+
+    [row] = rows_for(store, garbage["id"])
+    assert row["reason"] == "poison" and row["error_type"] == "kombu.exceptions.DecodeError"
+    assert base64.b64decode(row["raw_body"]) == b"\x00\xff{not json"
+
+    [row] = rows_for(store, pickled["id"])
+    assert row["error_type"] == "kombu.exceptions.ContentDisallowed"
+    assert row["content_type"] == "application/x-python-serialize"
+    assert base64.b64decode(row["raw_body"]) == pickle_body  # kept, never unpickled
+    assert worker.alive
+
+
+def test_replay_of_a_fixed_job_links_lineage_and_enqueues_once(
+    app_module: Any,
+    worker: WorkerProcess,
+    store: DeadLetterStore,
+    module_pg_url: str,
+    broker: redis.Redis,
+) -> None:
+    key = uuid.uuid4().hex
+    first = app_module.fixable.apply_async((key,), {"amount": 5}, priority=3)
+    [row] = rows_for(store, first.id)
+    assert (row["reason"], row["priority"], row["queue"]) == ("permanent", 3, "fast")
+
+    # Refusals change nothing: no reason, and a dry run.
+    refused = cli(app_module.app, module_pg_url, "discard", str(row["id"]))
+    assert refused.exit_code == 2 and "--reason" in refused.output
+    dry = cli(app_module.app, module_pg_url, "replay", str(row["id"]), "--reason", "x", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "would_replay" in dry.output
+    assert store.get(row["id"])["status"] == "dead"  # type: ignore[index]
+
+    # Not fixed yet: the replay dies again, and the new row points back at the first.
+    out = cli(
+        app_module.app, module_pg_url, "replay", str(row["id"]), "--reason", "retry", "--json"
+    )
+    assert out.exit_code == 0, out.output
+    replayed_id = json.loads(out.stdout)["task_id"]
+    [second] = rows_for(store, replayed_id)
+    assert second["replay_of"] == row["id"]
+    assert second["attempts"] == 1 and len(second["errors"]) == 1  # a fresh budget
+    assert (second["priority"], second["queue"], second["kwargs"]) == (3, "fast", {"amount": 5})
+    parent = store.get(row["id"])
+    assert parent is not None and parent["status"] == "replayed"
+    assert parent["replayed_task_id"] == replayed_id and parent["resolution_reason"] == "retry"
+
+    # Fix the cause, replay the second row: it succeeds.
+    broker.set(f"jptest:fixed:{key}", 1)
+    out = cli(
+        app_module.app, module_pg_url, "replay", str(second["id"]), "--reason", "fixed", "--json"
+    )
+    final_id = json.loads(out.stdout)["task_id"]
+    wait_for(
+        lambda: broker.lrange(f"jptest:ran:{key}", 0, -1),
+        timeout_s=30,
+        message="the replayed job to run",
+    )
+    assert broker.lrange(f"jptest:ran:{key}", 0, -1) == ["5"]
+    assert store.by_task_id(final_id) == []
+
+    # Replaying the same row again enqueues nothing.
+    again = cli(
+        app_module.app, module_pg_url, "replay", str(second["id"]), "--reason", "x", "--json"
+    )
+    assert again.exit_code == 0
+    assert json.loads(again.stdout) == {"id": second["id"], "outcome": "already_resolved"}
+    assert store.get(second["id"])["replayed_task_id"] == final_id  # type: ignore[index]
+
+
+def test_celery_cli_lists_dead_letters_as_json(
+    app_module: Any,
+    worker: WorkerProcess,
+    store: DeadLetterStore,
+    env: dict[str, str],
+) -> None:
+    task_id = app_module.permanent.delay("cli").id
+    rows_for(store, task_id)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            APP,
+            "dlq",
+            "list",
+            "--json",
+            "--task",
+            "dlq.permanent",
+            "--reason",
+            "permanent",
+        ],
+        env={**os.environ, **env},
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert rows[0]["task_id"] == task_id  # newest first
+    for key in (
+        "id",
+        "task_id",
+        "task_name",
+        "queue",
+        "args",
+        "kwargs",
+        "attempts",
+        "errors",
+        "reason",
+        "status",
+        "fingerprint",
+    ):
+        assert key in rows[0]
+    assert set(rows[0]["errors"][0]) >= {"type", "message", "at"}
+
+
+def test_demo_helper_shows_rows_alerts_and_a_replay(
+    app_module: Any,
+    worker: WorkerProcess,
+    store: DeadLetterStore,
+    broker: redis.Redis,
+) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from jobs_platform.deadletter.demo import show_and_replay
+
+    key = uuid.uuid4().hex
+    failed = [app_module.permanent.delay("demo").id, app_module.fixable.delay(key).id]
+    out = StringIO()
+    ok = show_and_replay(
+        CliApp(app_module.app, store.url),
+        failed,
+        replay_task_id=failed[1],
+        fix=lambda: broker.set(f"jptest:fixed:{key}", 1),
+        log_paths=[worker.log_path],
+        console=Console(file=out, width=200),
+    )
+    text = out.getvalue()
+    assert ok, text
+    assert "alert lines (2" in text and "replay ended SUCCESS" in text
+    assert "second replay of the same row enqueued nothing" in text
