@@ -8,6 +8,7 @@ kept for the whole run:
 2. ``hardened`` bare Celery, plain ``@app.task``, ``jobs_platform.app.celery_config``, prefork -c 2
 3. ``reliable`` ``ReliableTask`` on ``create_app``, prefork -c 2
 4. ``fast``     ``ReliableTask`` on the ``fast`` profile, exactly as ``worker_argv`` builds it
+5. ``fast-noev`` (information only) 4 with task events off, to show what the pinned events cost
 
 How it is measured: for each (variant, task kind) the round's N messages are published through
 an identical app into a *staging* database while no worker is busy, then moved into the

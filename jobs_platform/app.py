@@ -21,6 +21,7 @@ from jobs_platform.errors import ConfigError
 from jobs_platform.idempotency import unique
 from jobs_platform.routing import QUEUE_NAMES, Router
 from jobs_platform.settings import Settings
+from jobs_platform.startup import RefuseUnsafePool
 
 
 class JobsCelery(Celery):  # type: ignore[misc]
@@ -100,9 +101,9 @@ def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
         "task_default_exchange": settings.default_queue,
         "task_default_routing_key": settings.default_queue,
         "task_routes": (router,),
-        # Monitoring (Flower, metrics) reads events; do not rely on remote enabling.
-        "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        # Monitoring (Flower) reads events; pinned rather than enabled remotely by Flower.
+        "worker_send_task_events": settings.task_events,
+        "task_send_sent_event": settings.task_events,
         "task_track_started": True,
         "result_extended": True,
         "result_expires": dt.timedelta(seconds=settings.result_expires),
@@ -121,6 +122,8 @@ def create_app(main: str = "jobs_platform", **overrides: Any) -> JobsCelery:
     app.jobs_settings = settings
     app.jobs_router = router
     app.config_from_object(celery_config(settings, router))
+    # A pool that ignores hard time limits would void the visibility-timeout invariant.
+    app.steps["worker"].add(RefuseUnsafePool)
     # Unique-dispatch locks go when their job ends (connected once per process).
     unique.connect_receivers()
     # Dead letters: terminal failures stored once (drainer bootstep + signal receivers).

@@ -73,6 +73,13 @@ class Settings:
     default_queue: str = _knob(
         "fast", "queue", "Queue for plain (non-Reliable) tasks with no route."
     )
+    task_events: bool = _knob(
+        True,
+        "bool",
+        "Send task events (Flower and other event consumers see every task). "
+        "They cost ~0.5 ms of worker CPU per task: off, short tasks run ~1.3x faster "
+        "(see `make bench`), but Flower shows nothing.",
+    )
     result_expires: float = _knob(86400.0, "s", "How long task results are kept.")
     auto_migrate: bool = _knob(
         True,

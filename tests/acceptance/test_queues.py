@@ -142,3 +142,24 @@ def test_refusal_app_starts_when_nothing_is_broken(
     )
     with worker:
         assert worker.alive
+
+
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_worker_refuses_a_pool_that_cannot_enforce_time_limits(
+    pool: str, worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    worker = WorkerProcess(
+        "tests.support.refusal_app",
+        ["fast"],
+        pool=pool,
+        cwd=str(ROOT),
+        env={**worker_env, "JOBS_TEST_REFUSAL": "none"},
+        log_dir=str(tmp_path),
+    )
+    worker.start(wait=False)
+    try:
+        code = worker.wait_exit(60)
+    finally:
+        worker.stop()
+    assert code != 0
+    assert f"the '{pool}' pool does not enforce hard time limits" in worker.log()

@@ -118,3 +118,9 @@ def test_pinned_celery_configuration(app: Any) -> None:
         assert options["visibility_timeout"] == 3600
         assert options["unacked_restore_throttle"] == 1
     assert [q.name for q in conf.task_queues] == ["fast", "heavy", "thirdparty"]
+
+
+def test_task_events_can_be_switched_off() -> None:
+    quiet = create_app("quiet", broker_url="memory://", task_events=False)
+    assert quiet.conf.worker_send_task_events is False
+    assert quiet.conf.task_send_sent_event is False

@@ -79,3 +79,12 @@ def test_quick_retry_gives_up_and_reraises_the_original() -> None:
         for attempt in quick_retry(attempts=2, max_wait_s=0.01):
             with attempt:
                 raise TimeoutError("slow")
+
+
+def test_every_profile_uses_a_pool_that_enforces_time_limits() -> None:
+    from jobs_platform.startup import LIMIT_ENFORCING_POOLS, pool_name
+
+    for profile in PROFILES.values():
+        assert profile.pool in LIMIT_ENFORCING_POOLS
+    assert pool_name("celery.concurrency.thread") == "threads"
+    assert pool_name("celery.concurrency.prefork") == "prefork"

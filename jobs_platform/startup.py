@@ -1,0 +1,40 @@
+"""Worker start-up checks that need the running worker (its pool), not just the app.
+
+The visibility-timeout invariant (every hard time limit below the visibility timeout
+minus the margin) is only true if the pool *enforces* hard time limits. Celery's threads,
+solo, eventlet and gevent pools ignore them, so a hung task there would outlive the
+visibility timeout and be delivered to a second worker while still running. Such a
+worker is refused at start-up instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import bootsteps
+
+from jobs_platform.errors import ConfigError
+
+#: Pools that kill a task at its hard time limit.
+LIMIT_ENFORCING_POOLS = frozenset({"prefork"})
+
+
+def pool_name(pool_cls: Any) -> str:
+    module = pool_cls if isinstance(pool_cls, str) else getattr(pool_cls, "__module__", "")
+    return str(module).rsplit(".", 1)[-1].replace("thread", "threads")
+
+
+class RefuseUnsafePool(bootsteps.Step):  # type: ignore[misc]
+    """Refuse to start a worker whose pool cannot enforce hard time limits."""
+
+    label = "jobs-platform pool check"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        name = pool_name(worker.pool_cls)
+        if name not in LIMIT_ENFORCING_POOLS:
+            raise ConfigError(
+                f"the {name!r} pool does not enforce hard time limits, so a hung task could "
+                "outlive the visibility timeout and run twice; start the worker with "
+                "-P prefork (see `celery -A APP worker-profile QUEUE --print`)"
+            )
