@@ -1,9 +1,10 @@
 """Reliability invariants between a task's limits and the broker's visibility timeout.
 
 Why they matter on the Redis broker: a message that is fetched but not acknowledged
-within the visibility timeout is handed to another worker. So a task that may run
-longer than that (hard time limit), or a retry that waits longer than that (the
-worker holds countdown/ETA messages unacknowledged), runs twice. Pure: no Celery.
+within the visibility timeout is handed to another worker. A delayed message (a retry's
+countdown, an ETA) is fetched at once and held unacknowledged by the worker until it is
+due, and then it runs; so the *wait plus the run* (hard time limit) must fit in the
+visibility timeout minus a margin, or the job runs twice. Pure: no Celery.
 """
 
 from __future__ import annotations
@@ -57,22 +58,28 @@ def check_task_limits(
             f"task {task_name!r}: soft_time_limit {soft_limit_s:g} s must be below "
             f"time_limit {hard_limit_s:g} s"
         )
-    if policy.longest_wait_s >= budget:
+    if policy.longest_wait_s + hard_limit_s >= budget:
         raise ConfigError(
-            f"task {task_name!r}: retry_backoff_max {policy.longest_wait_s:g} s is not below the "
-            f"visibility timeout minus margin ({budget:g} s); the broker would redeliver the "
-            "waiting retry and it would run twice"
+            f"task {task_name!r}: retry_backoff_max {policy.longest_wait_s:g} s plus time_limit "
+            f"{hard_limit_s:g} s is not below the visibility timeout minus margin ({budget:g} s); "
+            "the broker would redeliver the waiting (or then running) retry and it would run twice"
         )
 
 
-def check_countdown(
-    task_name: str, countdown_s: float, *, visibility_timeout_s: float, margin_s: float
+def check_delay(
+    task_name: str,
+    delay_s: float,
+    *,
+    hard_limit_s: float,
+    visibility_timeout_s: float,
+    margin_s: float,
 ) -> None:
-    """A dispatch-time delay must also fit inside the visibility timeout (ETA duplicates)."""
+    """A dispatch-time delay (countdown/ETA) plus the run must fit in the visibility timeout."""
     budget = visibility_timeout_s - margin_s
-    if countdown_s >= budget:
+    if delay_s + hard_limit_s >= budget:
         raise DispatchError(
-            f"{task_name}: a delay of {countdown_s:g} s is not below the visibility timeout minus "
-            f"margin ({budget:g} s); the Redis broker would deliver it more than once. "
-            "Use a scheduled (database-backed) job for the distant future."
+            f"{task_name}: a delay of {delay_s:g} s plus its time_limit {hard_limit_s:g} s is not "
+            f"below the visibility timeout minus margin ({budget:g} s); the Redis broker would "
+            "deliver it more than once. Use a scheduled (database-backed) job for the distant "
+            "future."
         )

@@ -15,6 +15,7 @@ They are validated when the task is declared.
 
 from __future__ import annotations
 
+import datetime as dt
 import inspect
 import logging
 from typing import Any, ClassVar
@@ -22,12 +23,12 @@ from typing import Any, ClassVar
 import celery
 from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
-from kombu.exceptions import EncodeError
+from kombu.exceptions import EncodeError, OperationalError
 
 from jobs_platform import history
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.idempotency import unique
-from jobs_platform.invariants import check_countdown, check_task_limits
+from jobs_platform.invariants import check_delay, check_task_limits
 from jobs_platform.profiles import PROFILES
 from jobs_platform.retry import classify
 from jobs_platform.retry.backoff import UniformRng
@@ -223,12 +224,13 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     # -- dispatch ------------------------------------------------------------------------------
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        countdown = options.get("countdown")
-        if countdown is not None:
+        delay_s = _delay_seconds(options.get("countdown"), options.get("eta"))
+        if delay_s is not None:
             settings = self.app.jobs_settings
-            check_countdown(
+            check_delay(
                 self.name,
-                float(countdown),
+                delay_s,
+                hard_limit_s=self.time_limit,
                 visibility_timeout_s=settings.visibility_timeout,
                 margin_s=settings.visibility_margin,
             )
@@ -307,9 +309,13 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 headers=headers,
             )
         except Reject as publish_failed:
-            # Celery rejects *without* requeue when the retry cannot be published; with late
-            # acks that would drop the job. Requeue it instead: nothing is lost.
-            raise Reject(publish_failed.reason, requeue=True) from exc
+            # Celery rejects *without* requeue when the retry cannot be published. If the
+            # broker was unreachable, requeue the message (it comes back when the broker does)
+            # instead of dropping it; any other publish error would fail the same way again,
+            # so it stays a rejection, which the dead-letter table records.
+            if _is_connection_error(publish_failed.reason):
+                raise Reject(publish_failed.reason, requeue=True) from exc
+            raise
 
     def _queue_of(self, request: Any) -> str:
         """The queue this delivery came from, so retries never drift to the default queue."""
@@ -338,6 +344,27 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         return super().signature_from_request(
             request, args, kwargs, queue=queue or self._queue_of(request), **extra
         )
+
+
+def _is_connection_error(exc: object) -> bool:
+    return isinstance(exc, ConnectionError | TimeoutError | OperationalError) or any(
+        f"{cls.__module__}.{cls.__qualname__}" in _BROKER_DOWN for cls in type(exc).__mro__
+    )
+
+
+_BROKER_DOWN = frozenset({"redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError"})
+
+
+def _delay_seconds(countdown: Any, eta: Any) -> float | None:
+    """How far in the future a dispatch asks to run, from ``countdown`` or ``eta``."""
+    if countdown is not None:
+        return float(countdown)
+    if eta is None:
+        return None
+    when: dt.datetime = dt.datetime.fromisoformat(eta) if isinstance(eta, str) else eta
+    if when.tzinfo is None:  # Celery reads naive ETAs as UTC (enable_utc is pinned)
+        when = when.replace(tzinfo=dt.UTC)
+    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
 
 
 def _exception_types(task: str, attr: str, value: Any) -> tuple[type[BaseException], ...]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import email.utils
+import socket
 import time
 import urllib.error
 from collections.abc import Callable, Mapping
@@ -80,6 +81,41 @@ TRANSIENT_NAMES = frozenset(
 #: Permanent by type: validation, decoding and wrong-argument errors fail the same way every time.
 PERMANENT_TYPES: ExcTypes = (ValueError, TypeError)
 PERMANENT_SHORT_NAMES = frozenset({"ValidationError"})
+
+
+#: Errors raised before a request left this machine: retrying them cannot repeat a side effect.
+NEVER_SENT_TYPES: ExcTypes = (ConnectionRefusedError, socket.gaierror)
+NEVER_SENT_NAMES = frozenset(
+    {
+        "urllib3.exceptions.NewConnectionError",
+        "urllib3.exceptions.NameResolutionError",
+        "urllib3.exceptions.ConnectTimeoutError",
+        "requests.exceptions.ConnectTimeout",
+        "httpx.ConnectError",
+        "httpx.ConnectTimeout",
+    }
+)
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) proves the request never reached the other side.
+
+    Unlike a read timeout or a reset connection, after which the server may already have
+    acted, these are safe to retry even for a non-idempotent call (a POST, a charge).
+    """
+    seen: set[int] = set()
+    todo: list[object] = [exc]
+    while todo:
+        item = todo.pop()
+        if not isinstance(item, BaseException) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, NEVER_SENT_TYPES) or _qualified_names(item) & NEVER_SENT_NAMES:
+            return True
+        # urllib/urllib3/requests wrap the cause: URLError.reason, MaxRetryError.reason.
+        todo += [getattr(item, "reason", None), item.__cause__, item.__context__]
+        todo += [arg for arg in item.args if isinstance(arg, BaseException)]
+    return False
 
 
 def _qualified_names(exc: BaseException) -> set[str]:

@@ -72,3 +72,23 @@ def wait_state(result: Any, states: set[str], timeout_s: float = 30) -> str:
             message=lambda: f"{result.id} in {states} (now {result.state})",
         )
     )
+
+
+def copies_in_broker(client: redis.Redis, task_id: str) -> list[str]:
+    """Where a message of ``task_id`` still exists: any queue list (priority sub-lists
+    included) or the unacked hash (fetched, or held for a countdown, by some worker)."""
+    found = []
+    for key in client.scan_iter(count=1000):
+        name = key.decode() if isinstance(key, bytes) else key
+        kind = client.type(key)
+        kind = kind.decode() if isinstance(kind, bytes) else kind
+        if kind == "list" and not name.startswith("jptest:"):
+            if any(task_id in str(item) for item in client.lrange(key, 0, -1)):
+                found.append(name)
+        elif (
+            kind == "hash"
+            and name == "unacked"
+            and any(task_id in str(value) for value in client.hvals(key))
+        ):
+            found.append(name)
+    return found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import pickle
 import uuid
 from pathlib import Path
@@ -97,16 +98,20 @@ def test_wrong_arguments_fail_at_dispatch(test_app: Any) -> None:
         test_app.record_run.delay("a", "b", "c")
 
 
-def test_countdown_beyond_visibility_timeout_fails_at_dispatch(test_app: Any) -> None:
+def test_delay_beyond_visibility_timeout_fails_at_dispatch(test_app: Any) -> None:
+    # fast's time_limit is 30 s: a 3520-s countdown plus the run does not fit in 3600 - 60.
+    with pytest.raises(DispatchError, match="plus its time_limit 30 s"):
+        test_app.record_run.apply_async(("x",), countdown=3520)
+    eta = dt.datetime.now(dt.UTC) + dt.timedelta(hours=2)
     with pytest.raises(DispatchError, match="visibility timeout"):
-        test_app.record_run.apply_async(("x",), countdown=7200)
+        test_app.record_run.apply_async(("x",), eta=eta)
 
 
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
         ("hard_limit", "time_limit 26 s is not below the visibility timeout"),
-        ("retry_wait", "retry_backoff_max 25 s is not below the visibility timeout"),
+        ("retry_wait", "retry_backoff_max 25 s plus time_limit 10 s is not below the visibility"),
         ("soft_limit", "soft_time_limit 12 s must be below time_limit 10 s"),
     ],
 )

@@ -51,13 +51,13 @@ def test_history_is_bounded_and_keeps_numbering() -> None:
     assert headers["other"] == 1
 
 
-def test_quick_retry_retries_blips_only() -> None:
+def test_quick_retry_retries_only_calls_that_never_left() -> None:
     calls: list[int] = []
 
     def flaky() -> str:
         calls.append(1)
         if len(calls) < 3:
-            raise ConnectionResetError("blip")
+            raise ConnectionRefusedError("nobody listening")
         return "ok"
 
     for attempt in quick_retry(max_wait_s=0.01):
@@ -65,20 +65,29 @@ def test_quick_retry_retries_blips_only() -> None:
             result = flaky()
     assert result == "ok" and len(calls) == 3
 
-    permanent: list[int] = []
-    with pytest.raises(ValueError):
+
+@pytest.mark.parametrize(
+    "exc",
+    [ConnectionResetError("reset"), TimeoutError("read timed out"), ValueError("bad input")],
+)
+def test_quick_retry_never_repeats_a_call_the_server_may_have_acted_on(exc: Exception) -> None:
+    calls: list[int] = []
+    with pytest.raises(type(exc)):
         for attempt in quick_retry(max_wait_s=0.01):
             with attempt:
-                permanent.append(1)
-                raise ValueError("bad input")
-    assert len(permanent) == 1
+                calls.append(1)
+                raise exc
+    assert len(calls) == 1
 
 
 def test_quick_retry_gives_up_and_reraises_the_original() -> None:
-    with pytest.raises(TimeoutError, match="slow"):
+    calls: list[int] = []
+    with pytest.raises(ConnectionRefusedError, match="down"):
         for attempt in quick_retry(attempts=2, max_wait_s=0.01):
             with attempt:
-                raise TimeoutError("slow")
+                calls.append(1)
+                raise ConnectionRefusedError("down")
+    assert len(calls) == 2
 
 
 def test_every_profile_uses_a_pool_that_enforces_time_limits() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import email.message
 import email.utils
 import json
+import socket
 import urllib.error
 from typing import Any
 
@@ -16,6 +17,7 @@ from jobs_platform.retry.classify import (
     Fail,
     Retry,
     default_classifier,
+    never_sent,
     retry_after_seconds,
 )
 
@@ -130,3 +132,28 @@ def test_retry_after_http_date() -> None:
     assert retry_after_seconds(HTTPStatusError(503, header), now=now) == pytest.approx(30, abs=1)
     past = {"Retry-After": email.utils.formatdate(now - 30, usegmt=True)}
     assert retry_after_seconds(HTTPStatusError(503, past), now=now) == 0
+
+
+def _wrapped(cause: BaseException) -> RuntimeError:
+    try:
+        raise RuntimeError("client failed") from cause
+    except RuntimeError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("exc", "expected"),
+    [
+        (ConnectionRefusedError(), True),
+        (socket.gaierror(-2, "Name or service not known"), True),
+        (urllib.error.URLError(ConnectionRefusedError()), True),
+        (_wrapped(ConnectionRefusedError()), True),
+        (urllib.error.URLError(TimeoutError("timed out")), False),  # may have been sent
+        (ConnectionResetError(), False),
+        (TimeoutError(), False),
+        (HTTPStatusError(503), False),
+    ],
+    ids=lambda v: type(v).__name__ if isinstance(v, BaseException) else str(v),
+)
+def test_never_sent(exc: BaseException, expected: bool) -> None:
+    assert never_sent(exc) is expected
