@@ -4,7 +4,9 @@ The visibility-timeout invariant (every hard time limit below the visibility tim
 minus the margin) is only true if the pool *enforces* hard time limits. Celery's threads,
 solo, eventlet and gevent pools ignore them, so a hung task there would outlive the
 visibility timeout and be delivered to a second worker while still running. Such a
-worker is refused at start-up instead.
+worker is refused at start-up instead. So is a prefetch multiplier above 1: with late
+acks a prefetched message waits unacknowledged behind a running task, and that wait
+counts against the visibility timeout too.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ def pool_name(pool_cls: Any) -> str:
 
 
 class RefuseUnsafePool(bootsteps.Step):  # type: ignore[misc]
-    """Refuse to start a worker whose pool cannot enforce hard time limits."""
+    """Refuse to start a worker whose pool or prefetch would void the visibility invariant."""
 
     label = "jobs-platform pool check"
 
@@ -37,4 +39,11 @@ class RefuseUnsafePool(bootsteps.Step):  # type: ignore[misc]
                 f"the {name!r} pool does not enforce hard time limits, so a hung task could "
                 "outlive the visibility timeout and run twice; start the worker with "
                 "-P prefork (see `celery -A APP worker-profile QUEUE --print`)"
+            )
+        prefetch = int(getattr(worker, "prefetch_multiplier", 1) or 1)
+        if prefetch != 1:
+            raise ConfigError(
+                f"--prefetch-multiplier {prefetch}: with late acks a prefetched message waits "
+                "unacknowledged behind a running task and can outlive the visibility timeout; "
+                "jobs-platform pins it to 1"
             )

@@ -149,9 +149,16 @@ def test_refusal_app_starts_when_nothing_is_broken(
         assert worker.alive
 
 
-@pytest.mark.parametrize("pool", ["threads", "solo"])
-def test_worker_refuses_a_pool_that_cannot_enforce_time_limits(
-    pool: str, worker_env: dict[str, str], tmp_path: Path
+@pytest.mark.parametrize(
+    ("pool", "extra", "expected"),
+    [
+        ("threads", [], "the 'threads' pool does not enforce hard time limits"),
+        ("solo", [], "the 'solo' pool does not enforce hard time limits"),
+        ("prefork", ["--prefetch-multiplier", "4"], "--prefetch-multiplier 4"),
+    ],
+)
+def test_worker_refuses_a_pool_or_prefetch_that_voids_the_invariant(
+    pool: str, extra: list[str], expected: str, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
     worker = WorkerProcess(
         "tests.support.refusal_app",
@@ -160,6 +167,7 @@ def test_worker_refuses_a_pool_that_cannot_enforce_time_limits(
         cwd=str(ROOT),
         env={**worker_env, "JOBS_TEST_REFUSAL": "none"},
         log_dir=str(tmp_path),
+        extra_args=extra,  # after our own --prefetch-multiplier 1: the last one wins
     )
     worker.start(wait=False)
     try:
@@ -167,4 +175,5 @@ def test_worker_refuses_a_pool_that_cannot_enforce_time_limits(
     finally:
         worker.stop()
     assert code != 0
-    assert f"the '{pool}' pool does not enforce hard time limits" in worker.log()
+    assert "ConfigError" in worker.log()
+    assert expected in worker.log()
