@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -46,9 +47,9 @@ PG_ADMIN_URL = os.environ.get(
 )
 
 
-@pytest.fixture(scope="session")
-def pg_url() -> Iterator[str]:
-    """A PostgreSQL database of this test session's own, created here and dropped at the end."""
+@contextlib.contextmanager
+def fresh_pg_database() -> Iterator[str]:
+    """A PostgreSQL database created for the caller and dropped (even if in use) at the end."""
     import sqlalchemy as sa
 
     name = f"jobs_test_{uuid.uuid4().hex[:12]}"
@@ -64,6 +65,13 @@ def pg_url() -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL database of this test session's own."""
+    with fresh_pg_database() as url:
+        yield url
 
 
 @pytest.fixture()
@@ -74,18 +82,5 @@ def sqlite_url(tmp_path: object) -> str:
 @pytest.fixture(scope="module")
 def module_pg_url() -> Iterator[str]:
     """A PostgreSQL database of this test module's own (dead-letter tests wipe their table)."""
-    import sqlalchemy as sa
-
-    name = f"jobs_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    except sa.exc.OperationalError as exc:
-        pytest.fail(f"PostgreSQL at {PG_ADMIN_URL} does not answer: {exc}")
-    try:
-        yield PG_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with fresh_pg_database() as url:
+        yield url

@@ -19,6 +19,26 @@ from tests.acceptance.conftest import ROOT, make_worker, runs
 pytestmark = pytest.mark.acceptance
 
 
+def refused_start(env: dict[str, str], tmp: Path, *, case: str = "none", **kwargs: Any) -> str:
+    """Start a refusal-app worker that must refuse to start; return its log."""
+    worker = WorkerProcess(
+        "tests.support.refusal_app",
+        ["fast"],
+        cwd=str(ROOT),
+        env={**env, "JOBS_TEST_REFUSAL": case},
+        log_dir=str(tmp),
+        **kwargs,
+    )
+    worker.start(wait=False)
+    try:
+        code = worker.wait_exit(60)
+    finally:
+        worker.stop()
+    assert code != 0, worker.log()[-2000:]
+    assert "ConfigError" in worker.log()
+    return worker.log()
+
+
 def test_heavy_task_is_never_consumed_by_a_fast_worker_and_retries_stay_on_heavy(
     test_app: Any,
     fast_worker: WorkerProcess,
@@ -118,21 +138,7 @@ def test_delay_beyond_visibility_timeout_fails_at_dispatch(test_app: Any) -> Non
 def test_worker_refuses_to_start_when_an_invariant_is_broken(
     case: str, expected: str, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    worker = WorkerProcess(
-        "tests.support.refusal_app",
-        ["fast"],
-        cwd=str(ROOT),
-        env={**worker_env, "JOBS_TEST_REFUSAL": case},
-        log_dir=str(tmp_path),
-    )
-    worker.start(wait=False)
-    try:
-        code = worker.wait_exit(60)
-    finally:
-        worker.stop()
-    assert code != 0
-    assert "ConfigError" in worker.log()
-    assert expected in worker.log()
+    assert expected in refused_start(worker_env, tmp_path, case=case)
 
 
 def test_refusal_app_starts_when_nothing_is_broken(
@@ -160,20 +166,4 @@ def test_refusal_app_starts_when_nothing_is_broken(
 def test_worker_refuses_a_pool_or_prefetch_that_voids_the_invariant(
     pool: str, extra: list[str], expected: str, worker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    worker = WorkerProcess(
-        "tests.support.refusal_app",
-        ["fast"],
-        pool=pool,
-        cwd=str(ROOT),
-        env={**worker_env, "JOBS_TEST_REFUSAL": "none"},
-        log_dir=str(tmp_path),
-        extra_args=extra,  # after our own --prefetch-multiplier 1: the last one wins
-    )
-    worker.start(wait=False)
-    try:
-        code = worker.wait_exit(60)
-    finally:
-        worker.stop()
-    assert code != 0
-    assert "ConfigError" in worker.log()
-    assert expected in worker.log()
+    assert expected in refused_start(worker_env, tmp_path, pool=pool, extra_args=extra)
