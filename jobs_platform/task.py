@@ -299,6 +299,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             number, retry_after_s=decision.retry_after_s, rng=self.rng
         )
         headers = history.with_error(request.headers, history.describe(exc, number))
+        # Explicit although Celery 5.7 copies it: autoretries have lost it before (#5654).
         priority = (request.delivery_info or {}).get("priority")
         try:
             raise self.retry(
