@@ -139,6 +139,8 @@ class GatewayClient:
     Refused connections and 429/5xx answers: nothing was charged, so retrying is safe
     (:class:`TransientError`). A read timeout may hide a charge that happened; retrying is
     safe *only* because every charge carries an idempotency key, so it is transient too.
+    The original error stays the ``__cause__``, so the receipt mailer's key (run_once) is
+    released only when the connection was refused, not after a timeout that may have sent.
     Other 4xx answers will not change: :class:`PermanentError`.
     """
 
@@ -182,4 +184,6 @@ class GatewayClient:
                 ) from None
             raise PermanentError(f"gateway refused {path}: HTTP {exc.code}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise TransientError(f"gateway unreachable on {path}: {exc}") from None
+            # ``from exc``: IdempotencyKeys.run_once reads the cause to tell a refused
+            # connection (nothing sent: release the key) from a read timeout (maybe sent).
+            raise TransientError(f"gateway unreachable on {path}: {exc}") from exc

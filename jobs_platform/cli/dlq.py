@@ -18,12 +18,13 @@ from collections.abc import Iterable
 from typing import Any
 
 import click
+import sqlalchemy as sa
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from jobs_platform import db as platform_db
-from jobs_platform.deadletter.model import REASONS, STATUSES
+from jobs_platform.deadletter.model import REASONS, STATUSES, TABLE
 from jobs_platform.deadletter.record import parse_time, utcnow
 from jobs_platform.deadletter.replay import ReplayRefused, check_replayable, publisher
 from jobs_platform.deadletter.sink import sink_for
@@ -76,11 +77,36 @@ def parse_since(value: str | None) -> dt.datetime | None:
     return moment
 
 
-def _store(ctx: click.Context) -> DeadLetterStore:
+def _store(ctx: click.Context, *, migrate: bool = False) -> DeadLetterStore:
+    """The store; only ``migrate=True`` (``dlq drain``) may apply migrations.
+
+    Every other command reads or changes existing rows: it never migrates (a listing must
+    not alter a schema) and, when the table is missing, says how to create it.
+    """
     settings = ctx.obj.app.jobs_settings
-    if settings.auto_migrate:
-        platform_db.upgrade(settings.database_url)
-    return DeadLetterStore(settings.database_url)
+    url = settings.database_url
+    if migrate and settings.auto_migrate:
+        platform_db.upgrade(url)
+    store = DeadLetterStore(url)
+    try:
+        with store.engine.connect() as conn:
+            exists = sa.inspect(conn).has_table(TABLE)
+    except sa.exc.SQLAlchemyError as exc:
+        raise click.ClickException(f"cannot reach the database at {_shown(url)}: {exc}") from exc
+    if not exists:
+        raise click.ClickException(
+            f"the {TABLE} table does not exist in {_shown(url)}: "
+            "run `celery -A APP db upgrade` first (workers create it at start unless "
+            "JOBS_AUTO_MIGRATE=0)"
+        )
+    return store
+
+
+def _shown(url: str) -> str:
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<database url>"
 
 
 def _actor(value: str | None) -> str:
@@ -529,8 +555,17 @@ def purge(ctx: click.Context, older_than: str, include_dead: bool, dry_run: bool
 @click.pass_context
 def drain(ctx: click.Context) -> None:
     """Move dead letters waiting in the spool (database was down) into the table now."""
-    _store(ctx)
+    _store(ctx, migrate=True)
     sink = sink_for(ctx.obj.app)
     before = sink.spool.depth()
-    moved = sink.drain()
-    click.echo(f"moved {moved} of {before} spooled dead letter(s) into the table")
+    client, rejected_key = sink.spool.client, sink.spool.rejected_key
+    rejected_before = int(client.llen(rejected_key))
+    settled = sink.drain()
+    rejected = int(client.llen(rejected_key)) - rejected_before
+    click.echo(f"moved {settled - rejected} of {before} spooled dead letter(s) into the table")
+    if rejected > 0:
+        click.echo(
+            f"{rejected} refused by the database for good, moved to {rejected_key} "
+            "(see the log lines jobs.dlq.rejected)",
+            err=True,
+        )

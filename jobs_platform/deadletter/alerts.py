@@ -74,6 +74,7 @@ class WebhookNotifier:
         self._since = ""
         self._last_sent = 0.0
         self._wake = threading.Event()
+        self._closing = threading.Event()
         self._thread: threading.Thread | None = None
         self._stopped = False
 
@@ -109,7 +110,8 @@ class WebhookNotifier:
             self._wake.clear()
             wait_s = self._last_sent + self.interval_s - time.monotonic()
             if wait_s > 0:
-                time.sleep(wait_s)  # the window: everything arriving meanwhile is merged
+                # The window: everything arriving meanwhile is merged (close() ends it).
+                self._closing.wait(wait_s)
             self.flush()
 
     def take(self) -> dict[str, Any] | None:
@@ -159,9 +161,14 @@ class WebhookNotifier:
             )
 
     def close(self) -> None:
+        """Send what is pending now and stop the thread."""
         self._stopped = True
+        self._closing.set()
         self._wake.set()
         self.flush()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=POST_TIMEOUT_S + 1)
 
 
 _notifiers: dict[tuple[int, str], WebhookNotifier] = {}

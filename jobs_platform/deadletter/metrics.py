@@ -8,7 +8,11 @@ Metric (type: counter)                            Labels / meaning
 ``jobs_dead_letter_write_failures_total``         ``stage``: ``db`` (kept in the
                                                   spool), ``spool`` (broker down),
                                                   ``lost`` (both: only the log has
-                                                  it), ``receiver`` (capture bug)
+                                                  it), ``receiver`` (capture bug),
+                                                  ``rejected`` (refused for good:
+                                                  moved to ``<spool>:rejected``),
+                                                  ``unreadable`` (not a dead letter:
+                                                  moved to ``<spool>:unreadable``)
 ``jobs_dead_letter_spooled_total``                dead letters written to the spool
 ``jobs_dead_letter_webhook_requests_total``       ``outcome``: ``ok`` / ``error``
 ================================================  ==============================

@@ -29,7 +29,6 @@ from celery.exceptions import Reject
 from jobs_platform import history
 from jobs_platform.deadletter.metrics import WRITE_FAILURES
 from jobs_platform.deadletter.record import DeadLetter, parse_time, row_id_or_none, utcnow
-from jobs_platform.deadletter.sink import sink_for
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -191,6 +190,8 @@ def capture(app: Any, build: Any, *build_args: Any, main_process: bool = False) 
     database write is deferred to the drainer thread.
     """
     try:
+        from jobs_platform.deadletter.sink import sink_for  # SQLAlchemy: on failure only
+
         defer = main_process or getattr(_local, "request", None) is not None
         sink_for(app).capture(build(*build_args), defer=defer)
     except Exception:

@@ -18,6 +18,24 @@ from typing import Any
 
 REDACTED = "***"
 
+#: Length limits of the ``dead_letter_jobs`` string columns (see :mod:`.model`): values
+#: taken from a message (a poison message can carry anything) are cut to fit.
+COLUMN_LENGTHS: dict[str, int] = {
+    "task_id": 255,
+    "task_name": 255,
+    "queue": 255,
+    "exchange": 255,
+    "routing_key": 255,
+    "raw_body_encoding": 16,
+    "content_type": 255,
+    "content_encoding": 64,
+    "reason": 16,
+    "error_type": 255,
+    "worker": 255,
+}
+#: PostgreSQL INTEGER.
+_INT_MAX = 2**31 - 1
+
 _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b", re.I)
 _HEX = re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", re.I)
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
@@ -68,6 +86,42 @@ def redact(value: Any, keys: Collection[str]) -> tuple[Any, bool]:
         return item, False
 
     return walk(value)
+
+
+def clean_text(value: str) -> str:
+    """``value`` without NUL characters and lone surrogates (neither PostgreSQL text nor
+    JSONB can hold them)."""
+    if "\x00" in value:
+        value = value.replace("\x00", "")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        value = value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+def clean_json(value: Any) -> Any:
+    """A JSON-storable copy of ``value``: strings cleaned (keys too), other scalars kept."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, Mapping):
+        return {
+            (clean_text(k) if isinstance(k, str) else k): clean_json(v) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [clean_json(v) for v in value]
+    return value
+
+
+def small_int_or_none(value: Any) -> int | None:
+    """An INTEGER column value from ``value`` (int or digit string in range), else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value.strip())
+    if isinstance(value, int) and -_INT_MAX - 1 <= value <= _INT_MAX:
+        return value
+    return None
 
 
 def row_id_or_none(value: Any) -> int | None:
@@ -153,16 +207,36 @@ class DeadLetter:
         )
 
     def row(self) -> dict[str, Any]:
-        """Column values for ``dead_letter_jobs``."""
+        """Column values for ``dead_letter_jobs``, made storable.
+
+        A message can carry anything, and a value the database refuses would keep its dead
+        letter out of the table: strings are cut to their column's length, NUL characters
+        (which neither PostgreSQL text nor JSONB accept) and lone surrogates are removed,
+        and integers that are not integers become ``None`` (``attempts``: 0).
+        """
         values = dataclasses.asdict(self)
         del values["chain"]
         values.update(
             dedupe_key=self.dedupe_key,
             fingerprint=self.fingerprint,
-            error_type=self.error_type[:255],
+            error_type=self.error_type,
             error_message=self.error_message,
             status="dead",
         )
+        for name in ("task_name", "queue"):
+            if not isinstance(values[name], str):
+                values[name] = "" if values[name] is None else str(values[name])
+        for name, value in values.items():
+            if isinstance(value, str):
+                value = clean_text(value)
+                limit = COLUMN_LENGTHS.get(name)
+                values[name] = value[:limit] if limit else value
+        for name in ("args", "kwargs", "headers", "errors"):
+            values[name] = clean_json(values[name])
+        values["priority"] = small_int_or_none(values["priority"])
+        values["replay_of"] = row_id_or_none(values["replay_of"])
+        values["attempts"] = small_int_or_none(values["attempts"]) or 0
+        values["redacted"] = bool(values["redacted"])
         return values
 
     def to_json(self) -> str:

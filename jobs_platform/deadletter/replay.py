@@ -1,7 +1,8 @@
 """Replay a dead letter through the normal dispatch, exactly once per row.
 
 A replay sends the stored args/kwargs to the original queue with the original priority
-and the app's own headers, under a *new* task id, with a fresh attempt budget (no
+and the job's custom headers (never Celery's protocol headers: see
+:data:`PROTOCOL_HEADERS`), under a *new* task id, with a fresh attempt budget (no
 retries counted, no error history) and the header ``jobs_replay_of=<row id>`` so that a
 replay that dies again links back. The row moves ``dead -> replayed`` in the same
 transaction that publishes (see :meth:`DeadLetterStore.replay`), so replaying the same
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.app.task import Context
+
 from jobs_platform import history
 from jobs_platform.deadletter.receiver import REPLAY_OF_HEADER
 from jobs_platform.deadletter.store import DeadLetterStore
@@ -19,6 +22,47 @@ from jobs_platform.errors import JobsPlatformError
 
 #: Headers that belong to the failed chain, not to the job: a replay starts afresh.
 CHAIN_HEADERS = (history.ERRORS_HEADER, history.ENQUEUED_HEADER, REPLAY_OF_HEADER)
+#: Celery's own message headers (task protocol 2), which Celery sets for each message.
+#: Passed to ``apply_async(headers=...)`` they would *override* the new message's
+#: (``headers2.update(headers)`` in celery/app/amqp.py): the old task id, its retries, a
+#: past ``expires``... A poison row stores the raw headers of the message as it arrived.
+PROTOCOL_HEADERS = frozenset(
+    {
+        *(k for k in vars(Context) if not k.startswith("__")),
+        # the rest of Celery's own (as in Context._get_custom_headers), and protocol 2's
+        "lang",
+        "task",
+        "id",
+        "argsrepr",
+        "kwargsrepr",
+        "compression",
+        "origin",
+        "retries",
+        "expires",
+        "eta",
+        "timelimit",
+        "group",
+        "group_index",
+        "root_id",
+        "parent_id",
+        "shadow",
+        "ignore_result",
+        "stamped_headers",
+        "stamps",
+        "replaced_task_nesting",
+        "periodic_task_name",
+        "task_name",
+    }
+)
+
+
+def replay_headers(headers: dict[str, Any] | None) -> dict[str, Any]:
+    """The headers a replay sends: the job's custom ones only (no protocol, no chain)."""
+    return {
+        k: v
+        for k, v in (headers or {}).items()
+        if isinstance(k, str) and k not in PROTOCOL_HEADERS and k not in CHAIN_HEADERS
+    }
 
 
 class ReplayRefused(JobsPlatformError):
@@ -45,7 +89,7 @@ def publisher(app: Any) -> Any:
     """``publish(row, new_task_id)`` for :meth:`DeadLetterStore.replay`."""
 
     def publish(row: dict[str, Any], new_task_id: str) -> None:
-        headers = {k: v for k, v in (row["headers"] or {}).items() if k not in CHAIN_HEADERS}
+        headers = replay_headers(row["headers"])
         headers[REPLAY_OF_HEADER] = row["id"]
         options: dict[str, Any] = {
             "task_id": new_task_id,

@@ -4,9 +4,18 @@
 
 1. redact the configured keys;
 2. push the JSON to the durable spool on the broker (:mod:`.spool`);
-3. insert-or-ignore the row, with a bounded number of attempts (tenacity);
+3. insert-or-ignore the row (values made storable by :meth:`DeadLetter.row`), retrying
+   only transient errors (:func:`is_transient`), a bounded number of times (tenacity);
 4. on success remove the spool entry, then alert (log line, counter, webhook) *only if
-   the row is new*; on failure leave it spooled for :meth:`DeadLetterSink.drain`.
+   the row is new*; on a transient failure leave it spooled for
+   :meth:`DeadLetterSink.drain`; on an error of the row itself (it would fail forever)
+   move it to ``<spool>:rejected`` (``jobs.dlq.rejected``, ``stage="rejected"``).
+
+After a transient failure a per-process circuit breaker skips step 3 for
+``JOBS_DLQ_DRAIN_INTERVAL`` seconds (doubling while the database keeps failing, up to
+:data:`BREAKER_MAX_OPEN_S`, then one single probe): a pool child does not hold its slot
+for attempts x connect timeout on every failing task during an outage; the main
+process's drainer writes the spooled dead letters.
 
 In the worker's main process (poison messages, time limits, lost workers, rejections,
 expiries) step 3 is left to the drainer thread, woken at once: the consumer's event loop
@@ -23,8 +32,11 @@ import contextlib
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy.exc
 import tenacity
 
 from jobs_platform.deadletter import alerts
@@ -37,14 +49,87 @@ from jobs_platform.deadletter.metrics import (
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.spool import Spool
 from jobs_platform.deadletter.store import DeadLetterStore
+from jobs_platform.deadletter.wake import WAKE_DRAINER
 from jobs_platform.settings import Settings
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
 #: Spool entries moved per drain pass.
 DRAIN_BATCH = 500
-#: Set when a dead letter was spooled for the drainer (see :mod:`.worker`).
-WAKE_DRAINER = threading.Event()
+#: Longest time the circuit breaker keeps a process off a failing database.
+BREAKER_MAX_OPEN_S = 60.0
+
+__all__ = ["WAKE_DRAINER", "DeadLetterSink", "is_transient", "sink_for"]
+
+#: Errors of the database being unreachable, overloaded or not ready, not of the row.
+_TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.DisconnectionError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    OSError,
+)
+#: SQLSTATE classes that blame the data of one row: 22 data exception (a NUL in JSONB, a
+#: value too long), 23 integrity constraint, 54 program limit (a JSONB too large).
+_ROW_SQLSTATE_CLASSES = ("22", "23", "54")
+
+
+def _sqlstate(exc: BaseException) -> str | None:
+    orig = getattr(exc, "orig", None)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return str(code) if code else None
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a failed dead-letter write may succeed later unchanged (an outage).
+
+    Transient: connection, pool and timeout errors, and any server error whose SQLSTATE
+    does not blame the row (a missing table before the migration, a permission, a
+    serialization failure): the entry stays spooled and the drain pass stops. Anything
+    else (an integrity or data error, a value the driver cannot send) will fail forever:
+    the entry is moved aside instead of blocking the spool.
+    """
+    if getattr(exc, "connection_invalidated", False):
+        return True  # SQLAlchemy saw the connection drop under the statement
+    code = _sqlstate(exc)
+    if code is not None:
+        return code[:2] not in _ROW_SQLSTATE_CLASSES
+    return isinstance(exc, _TRANSIENT_TYPES)
+
+
+class _Breaker:
+    """Per-process circuit breaker for the database writes of the failure path.
+
+    After a transient failure the process stops trying the database (dead letters stay
+    spooled for the main process's drainer) for ``open_s`` seconds, doubling on each
+    failure in a row up to :data:`BREAKER_MAX_OPEN_S`; then one single attempt probes it.
+    """
+
+    def __init__(self, open_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.open_s = open_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._failures = 0
+        self._until = 0.0
+
+    def is_open(self) -> bool:
+        return self.clock() < self._until
+
+    def probing(self) -> bool:
+        """Closed after failures: the next write is a single probe, not a full retry."""
+        return self._failures > 0
+
+    def failed(self) -> None:
+        with self._lock:
+            self._failures += 1
+            doubled = self.open_s * 2 ** min(self._failures - 1, 16)  # no overflow, ever
+            wait = min(doubled, max(BREAKER_MAX_OPEN_S, self.open_s))
+            self._until = self.clock() + wait
+
+    def succeeded(self) -> None:
+        with self._lock:
+            self._failures = 0
+            self._until = 0.0
 
 
 class DeadLetterSink:
@@ -56,6 +141,7 @@ class DeadLetterSink:
             k.strip() for k in settings.dlq_redact_keys.split(",") if k.strip()
         )
         self._drain_lock = threading.Lock()
+        self.breaker = _Breaker(settings.dlq_drain_interval)
 
     # -- the failure path ----------------------------------------------------------------
 
@@ -64,6 +150,7 @@ class DeadLetterSink:
 
         ``defer=True`` (the worker's main process, whose event loop must not wait on a
         database) stops after the spool and wakes the drainer, unless the spool failed.
+        So does an open circuit breaker (the database failed in this process recently).
         """
         letter = letter.redact(self.redact_keys)
         text = letter.to_json()
@@ -71,9 +158,24 @@ class DeadLetterSink:
         if spooled and defer:
             WAKE_DRAINER.set()
             return None
+        if spooled and self.breaker.is_open():
+            WRITE_FAILURES.labels("db").inc()
+            logger.error(
+                "jobs.dlq.write_failed: dead letter for %s[%s] kept in the spool %r: the "
+                "database failed in this process moments ago, the worker's drainer will "
+                "write it",
+                letter.task_name,
+                letter.task_id,
+                self.spool.key,
+                extra={"event": "jobs.dlq.write_failed"},
+            )
+            return None
         try:
             row_id = self._write(letter)
         except Exception as exc:
+            if spooled and not is_transient(exc):
+                self._reject(text, letter, exc)
+                return None
             stage = "db" if spooled else "lost"
             WRITE_FAILURES.labels(stage).inc()
             if spooled:
@@ -125,15 +227,55 @@ class DeadLetterSink:
                 "jobs.dlq.unspool_failed: %s", exc, extra={"event": "jobs.dlq.unspool_failed"}
             )
 
+    def _reject(self, text: str, letter: DeadLetter, exc: BaseException) -> None:
+        """Move a spooled entry the database refuses for good to ``<spool>:rejected``."""
+        self._report_rejected(letter, exc)
+        try:
+            self.spool.reject(text)
+        except Exception as move_exc:  # still spooled: the next drain pass moves it
+            logger.warning(
+                "jobs.dlq.reject_failed: could not move the entry aside: %s",
+                move_exc,
+                extra={"event": "jobs.dlq.reject_failed"},
+            )
+
+    def _report_rejected(self, letter: DeadLetter, exc: BaseException) -> None:
+        WRITE_FAILURES.labels("rejected").inc()
+        logger.error(
+            "jobs.dlq.rejected: the database refused the dead letter for %s[%s] for good; "
+            "moved to %r for a person to look at: %s",
+            letter.task_name,
+            letter.task_id,
+            self.spool.rejected_key,
+            exc,
+            extra={"event": "jobs.dlq.rejected"},
+        )
+
     def _write(self, letter: DeadLetter) -> int | None:
+        """Insert-or-ignore ``letter``, retrying transient errors only; alert if new."""
+        attempts = 1 if self.breaker.probing() else self.settings.dlq_write_attempts
         retrying = tenacity.Retrying(
-            stop=tenacity.stop_after_attempt(self.settings.dlq_write_attempts),
+            stop=tenacity.stop_after_attempt(attempts),
             wait=tenacity.wait_exponential(multiplier=0.1, max=2.0),
+            retry=tenacity.retry_if_exception(is_transient),
             reraise=True,
         )
-        row_id: int | None = retrying(self.store.add, letter)
+        try:
+            row_id: int | None = retrying(self.store.add, letter)
+        except Exception as exc:
+            if is_transient(exc):
+                self.breaker.failed()
+            raise
+        self.breaker.succeeded()
         if row_id is not None:
-            self._announce(row_id, letter)
+            try:
+                self._announce(row_id, letter)
+            except Exception:  # the row is stored: an alert bug must not re-store it
+                logger.exception(
+                    "jobs.dlq.alert_failed: dead letter %d stored, but alerting failed",
+                    row_id,
+                    extra={"event": "jobs.dlq.alert_failed"},
+                )
         return row_id
 
     def _announce(self, row_id: int, letter: DeadLetter) -> None:
@@ -150,8 +292,11 @@ class DeadLetterSink:
     def drain(self, *, limit: int = 100_000) -> int:
         """Move spooled dead letters into the database; how many entries were settled.
 
-        Stops at the first database failure (the rest waits for the next pass), so an
-        outage costs one bounded attempt per pass, not one per entry.
+        Stops at the first *transient* database failure (the rest waits for the next
+        pass), so an outage costs one bounded attempt per pass, not one per entry. An entry
+        the database refuses for good (see :func:`is_transient`) is moved to
+        ``<spool>:rejected``, logged (``jobs.dlq.rejected``) and counted
+        (``stage="rejected"``), and the pass goes on: one bad entry never blocks the rest.
         """
         settled = 0
         with self._drain_lock:
@@ -163,15 +308,24 @@ class DeadLetterSink:
                     try:
                         letter = DeadLetter.from_json(text)
                     except Exception as exc:
+                        WRITE_FAILURES.labels("unreadable").inc()
                         logger.error(
-                            "jobs.dlq.unreadable: spool entry moved aside: %s",
+                            "jobs.dlq.unreadable: spool entry moved to %r: %s",
+                            self.spool.unreadable_key,
                             exc,
                             extra={"event": "jobs.dlq.unreadable"},
                         )
                         self.spool.quarantine(text)
                         continue
-                    self._write(letter)  # raises on a database failure: stop this pass
-                    self.spool.remove(text)
+                    try:
+                        self._write(letter)
+                    except Exception as exc:
+                        if is_transient(exc):
+                            raise  # the database is down: stop this pass
+                        self._report_rejected(letter, exc)
+                        self.spool.reject(text)  # a broker error stops this pass
+                    else:
+                        self.spool.remove(text)
                     settled += 1
         return settled
 

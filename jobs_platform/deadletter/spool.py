@@ -55,9 +55,24 @@ class Spool:
     def depth(self) -> int:
         return int(self.client.llen(self.key))
 
+    @property
+    def unreadable_key(self) -> str:
+        return f"{self.key}:unreadable"
+
+    @property
+    def rejected_key(self) -> str:
+        return f"{self.key}:rejected"
+
     def quarantine(self, text: str) -> None:
         """Move an entry that cannot be parsed aside, so it neither blocks nor vanishes."""
-        pipe = self.client.pipeline()
-        pipe.rpush(f"{self.key}:unreadable", text)
+        self._move_aside(self.unreadable_key, text)
+
+    def reject(self, text: str) -> None:
+        """Move an entry the database refuses for good (its data, not an outage) aside."""
+        self._move_aside(self.rejected_key, text)
+
+    def _move_aside(self, key: str, text: str) -> None:
+        pipe = self.client.pipeline()  # MULTI/EXEC: moved, never copied or dropped
+        pipe.rpush(key, text)
         pipe.lrem(self.key, 1, text)
         pipe.execute()

@@ -91,6 +91,11 @@ class DeadLetterStore:
         for name in DATETIME_COLUMNS:
             if values.get(name) is not None:
                 values[name] = _utc(values[name])
+        if values.get("replay_of") is not None:
+            # The parent row may have been purged since (its children's link is ON DELETE
+            # SET NULL): link only to a row that exists, instead of a foreign-key error.
+            parent = sa.select(C.id).where(C.id == values["replay_of"]).scalar_subquery()
+            values["replay_of"] = parent
         with self.engine.begin() as conn:
             dialect = conn.dialect.name
             if dialect in ("postgresql", "sqlite"):

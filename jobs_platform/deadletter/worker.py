@@ -15,11 +15,9 @@ import logging
 import threading
 from typing import Any
 
-import tenacity
 from celery import bootsteps
 
-from jobs_platform import db
-from jobs_platform.deadletter.sink import WAKE_DRAINER, sink_for
+from jobs_platform.deadletter.wake import WAKE_DRAINER
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -30,6 +28,10 @@ def migrate(url: str) -> bool:
     """Apply migrations with bounded retries; whether the schema is now current."""
     # Two workers starting at once can race on the first CREATE TABLE; the loser's retry
     # finds the schema in place.
+    import tenacity
+
+    from jobs_platform import db
+
     try:
         tenacity.Retrying(
             stop=tenacity.stop_after_attempt(MIGRATE_ATTEMPTS),
@@ -83,15 +85,33 @@ class DeadLetterStep(bootsteps.StartStopStep):  # type: ignore[misc]
             WAKE_DRAINER.clear()
             if settings.auto_migrate and not self._migrated:
                 self._migrated = migrate(settings.database_url)
-            sink_for(app).drain_quietly()
+            _sink(app).drain_quietly()
             WAKE_DRAINER.wait(settings.dlq_drain_interval)
 
     def stop(self, parent: Any) -> None:
+        """Warm shutdown: stop the thread, then one last pass (what is left stays spooled).
+
+        Runs once however often it is called.
+        """
+        if self._halt():
+            _sink(parent.app).drain_quietly()
+
+    def terminate(self, parent: Any) -> None:
+        """Cold shutdown: stop the thread, no last pass (the spool keeps what is left)."""
+        self._halt()
+
+    def _halt(self) -> bool:
+        """Stop the drainer thread; whether it was running."""
+        thread, self._thread = self._thread, None
+        if thread is None:
+            return False
         self._stop.set()
         WAKE_DRAINER.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        sink_for(parent.app).drain_quietly()  # last chance; what is left stays spooled
+        thread.join(timeout=10)
+        return True
 
-    def shutdown(self, parent: Any) -> None:
-        self.stop(parent)
+
+def _sink(app: Any) -> Any:
+    from jobs_platform.deadletter.sink import sink_for  # SQLAlchemy: only when draining
+
+    return sink_for(app)

@@ -4,8 +4,12 @@ For side effects on services that cannot dedupe themselves (an email provider, a
 webhook), the platform keeps one row per logical side effect in ``idempotency_keys``
 (``key`` is UNIQUE). A handler :meth:`~IdempotencyKeys.claim`\\ s the key; the first
 claimant runs the side effect and :meth:`~IdempotencyKeys.record`\\ s its result; every
-later delivery gets that result back instead of running it again. A failure
-:meth:`~IdempotencyKeys.release`\\ s the key so the retry can claim it. A claim carries
+later delivery gets that result back instead of running it again. A failure that shows
+the call never reached the other side (a refused connection, an unresolvable host, a
+connect timeout, a :class:`~jobs_platform.errors.PermanentError`)
+:meth:`~IdempotencyKeys.release`\\ s the key so the retry can claim it at once; any other
+failure (a read timeout, a reset connection, a 5xx) may hide a side effect that happened,
+so the claim is kept until its lease runs out. A claim carries
 a lease like the status CAS (:mod:`jobs_platform.idempotency.lease`): a crashed
 claimant's key can be taken over once the lease ran out. Rows expire after
 ``JOBS_IDEMPOTENCY_KEY_TTL`` and are then treated as never seen (and purged).
@@ -20,13 +24,14 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import logging
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 
 from jobs_platform.db import engine_for
-from jobs_platform.errors import ConfigError, KeyInUse
+from jobs_platform.errors import ConfigError, KeyInUse, PermanentError
 from jobs_platform.idempotency import events
 from jobs_platform.idempotency.lease import (
     Clock,
@@ -37,6 +42,7 @@ from jobs_platform.idempotency.lease import (
     utcnow,
 )
 from jobs_platform.idempotency.model import CLAIMED, DONE, idempotency_keys
+from jobs_platform.retry.classify import never_sent
 
 T = TypeVar("T")
 
@@ -44,7 +50,16 @@ MAX_KEY_LENGTH = 255
 
 Outcome = Literal["claimed", "done", "busy"]
 
+logger = logging.getLogger("jobs_platform.idempotency")
 
+#: Prefix given to the owner of a claim kept after a failure whose outcome is unknown. The
+#: failed attempt has ended, so Celery's next attempt of the same job would take the claim
+#: over at once (``same_job``); the prefix stops that, so the claim holds until its lease.
+KEPT_PREFIX = "kept:"
+
+
+#: Errors raised before a request left this process, by qualified class name (optional
+#: libraries are not imported for this): the call cannot have reached the other side.
 @dataclasses.dataclass(frozen=True)
 class KeyClaim:
     """What :meth:`IdempotencyKeys.claim` found: ours to run, done already, or held elsewhere."""
@@ -54,6 +69,8 @@ class KeyClaim:
     owner: str | None = None
     #: The recorded result when ``outcome == "done"``.
     result: Any = None
+    #: When the holder's lease runs out, when ``outcome == "busy"``.
+    lease_expires_at: dt.datetime | None = None
 
     @property
     def claimed(self) -> bool:
@@ -133,10 +150,12 @@ class IdempotencyKeys:
             )
             if conn.execute(takeover).rowcount == 1:
                 return KeyClaim(key, "claimed", owner)
-            row = conn.execute(sa.select(t.state, t.owner, t.result).where(t.key == key)).one()
+            row = conn.execute(
+                sa.select(t.state, t.owner, t.result, t.lease_expires_at).where(t.key == key)
+            ).one()
         if row.state == DONE:
             return KeyClaim(key, "done", row.owner, row.result)
-        return KeyClaim(key, "busy", row.owner)
+        return KeyClaim(key, "busy", row.owner, lease_expires_at=_aware(row.lease_expires_at))
 
     def record(self, claim: KeyClaim, result: Any) -> bool:
         """Mark ``claim``'s key done with ``result`` (JSON); False if the claim was lost."""
@@ -158,6 +177,24 @@ class IdempotencyKeys:
         with self.engine.begin() as conn:
             return bool(conn.execute(stmt).rowcount == 1)
 
+    def keep(self, claim: KeyClaim) -> KeyClaim | None:
+        """Hold ``claim``'s key until its lease runs out, even against the same job's retry.
+
+        For a failure that may hide a side effect that happened. Returns the kept claim
+        (its owner renamed with :data:`KEPT_PREFIX`), or None if the claim was lost.
+        """
+        if claim.owner is None or claim.owner.startswith(KEPT_PREFIX):
+            return claim
+        kept = dataclasses.replace(claim, owner=KEPT_PREFIX + claim.owner)
+        t = idempotency_keys.c
+        stmt = (
+            sa.update(idempotency_keys)
+            .where(t.key == claim.key, t.state == CLAIMED, t.owner == claim.owner)
+            .values(owner=kept.owner, updated_at=self.clock())
+        )
+        with self.engine.begin() as conn:
+            return kept if conn.execute(stmt).rowcount == 1 else None
+
     def get(self, key: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:
             row = conn.execute(
@@ -176,9 +213,16 @@ class IdempotencyKeys:
     ) -> T:
         """Run ``fn`` once per ``key``; a duplicate gets the recorded result back.
 
-        ``lease_s`` defaults to the running task's hard time limit. While another live
-        attempt holds the key this raises :class:`KeyInUse` (transient: the retry finds the
-        recorded result). ``fn``'s result must be JSON-serialisable.
+        ``lease_s`` defaults to the running task's hard time limit. While another attempt
+        holds the key this raises :class:`KeyInUse` (transient, with ``retry_after_s`` set
+        to the rest of the holder's lease: the retry finds the recorded result, or takes
+        the key over once the lease ran out). ``fn``'s result must be JSON-serialisable.
+
+        If ``fn`` raises, the key is released (a retry may call at once) only when the error
+        shows the call cannot have reached the other side (:func:`cannot_have_reached`).
+        Otherwise (a read timeout, a reset connection, a 5xx) the side effect may have
+        happened: the claim is kept until its lease runs out, so no attempt calls again
+        before then, and the original exception goes on to the retry policy.
         """
         claim = self.claim(key, task=task, lease_s=lease_for(current_task(), lease_s))
         if claim.outcome == "done":
@@ -187,11 +231,14 @@ class IdempotencyKeys:
             )
             return claim.result  # type: ignore[no-any-return]
         if claim.outcome == "busy":
-            raise KeyInUse(f"idempotency key {key!r} is held by {claim.owner}")
+            raise KeyInUse(
+                f"idempotency key {key!r} is held by {claim.owner} until {claim.lease_expires_at}",
+                retry_after_s=self._rest_of_lease(claim),
+            )
         try:
             result = fn()
-        except BaseException:
-            self.release(claim)
+        except BaseException as exc:
+            self._settle_quietly(claim, task, release=cannot_have_reached(exc))
             raise
         if not self.record(claim, result):
             events.logger.warning(
@@ -201,6 +248,57 @@ class IdempotencyKeys:
                 extra={"event": "jobs.key.lease_lost", "task_name": task},
             )
         return result
+
+    def _rest_of_lease(self, claim: KeyClaim) -> float | None:
+        if claim.lease_expires_at is None:
+            return None
+        rest = (claim.lease_expires_at - self.clock()).total_seconds()
+        # A little past the expiry, so the retry finds the lease over (never 0 s).
+        return max(rest, 0.0) + 0.5
+
+    def _settle_quietly(self, claim: KeyClaim, task: str, *, release: bool) -> None:
+        """Release or keep after a failure; a database error must not replace the original."""
+        try:
+            settled = self.release(claim) if release else self.keep(claim) is not None
+        except Exception:
+            logger.exception(
+                "%s: could not %s the claim on %s; it frees itself when its lease expires",
+                task,
+                "release" if release else "keep",
+                claim.key,
+                extra={"event": "jobs.key.release_failed", "task_name": task},
+            )
+            return
+        if not settled:
+            logger.warning(
+                "%s: the claim on %s was already lost when the attempt failed",
+                task,
+                claim.key,
+                extra={"event": "jobs.key.lease_lost", "task_name": task},
+            )
+        elif not release:
+            logger.warning(
+                "%s: the call under %s failed and may have happened; the key stays claimed "
+                "until its lease runs out",
+                task,
+                claim.key,
+                extra={"event": "jobs.key.kept", "task_name": task},
+            )
+
+
+def cannot_have_reached(exc: BaseException) -> bool:
+    """True if ``exc`` shows the call never reached the other side, so it may run again now:
+    a connect-phase error (:func:`jobs_platform.retry.classify.never_sent`), or a
+    :class:`~jobs_platform.errors.PermanentError` (the task fails for good; a replay may run
+    again)."""
+    return isinstance(exc, PermanentError) or never_sent(exc)
+
+
+def _aware(value: dt.datetime | None) -> dt.datetime | None:
+    # SQLite hands back naive datetimes; every stored time is UTC.
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=dt.UTC)
+    return value
 
 
 def _check_key(key: str) -> None:

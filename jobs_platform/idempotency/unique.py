@@ -49,6 +49,10 @@ _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
+#: Socket timeouts of the lock client (seconds): ``.delay()`` in a web process, and the
+#: worker's main process re-publishing a lost worker's job, must not hang on a half-open
+#: Redis (the dead-letter spool client does the same).
+SOCKET_TIMEOUT_S = 5.0
 #: Celery states after which the job is over (a RETRY is still the same job).
 _FINAL_STATES = frozenset({"SUCCESS", "FAILURE"})
 
@@ -144,7 +148,10 @@ def locks_for(url: str) -> UniqueLocks:
     with _clients_lock:
         locks = _clients.get(key)
         if locks is None:
-            locks = _clients[key] = UniqueLocks(redis.Redis.from_url(url))
+            client = redis.Redis.from_url(
+                url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
+            )
+            locks = _clients[key] = UniqueLocks(client)
         return locks
 
 
@@ -153,16 +160,17 @@ def dispatch_once(
 ) -> Any:
     """Publish unless the same logical job is queued or running; return its AsyncResult.
 
-    A call with an explicit ``task_id`` is always published (see below).
+    A call with an explicit ``task_id`` re-publishes a known job (a retry keeps its id, as
+    does a replay of the same message): it is always published, since dropping it could
+    lose the job, and it neither takes nor checks the lock (no Redis round trip).
     """
-    identity = identity_of(task, args, kwargs)
-    explicit_id = options.get("task_id")
-    task_id = explicit_id or _new_id()
+    identity = identity_of(task, args, kwargs)  # also validates the business key arguments
+    if options.get("task_id"):
+        return publish(args, kwargs, **options)
+    task_id = _new_id()
     locks = locks_for(task.app.conf.broker_url)
     holder, acquired = locks.acquire(identity, task_id, task.unique_for)
-    # An explicit task id re-publishes a known job (a retry keeps its id, as does a replay of
-    # the same message): it is always published, since dropping it could lose the job.
-    if holder != task_id and explicit_id is None:
+    if holder != task_id:
         events.skipped(
             task.name,
             "unique",

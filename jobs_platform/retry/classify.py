@@ -112,8 +112,10 @@ def never_sent(exc: BaseException) -> bool:
         seen.add(id(item))
         if isinstance(item, NEVER_SENT_TYPES) or _qualified_names(item) & NEVER_SENT_NAMES:
             return True
-        # urllib/urllib3/requests wrap the cause: URLError.reason, MaxRetryError.reason.
-        todo += [getattr(item, "reason", None), item.__cause__, item.__context__]
+        # urllib/urllib3/requests wrap the cause: URLError.reason, MaxRetryError.reason, or an
+        # explicit `raise ... from exc`. An implicit __context__ is not followed: it may be an
+        # earlier, unrelated failure.
+        todo += [getattr(item, "reason", None), item.__cause__]
         todo += [arg for arg in item.args if isinstance(arg, BaseException)]
     return False
 

@@ -182,6 +182,7 @@ def test_every_terminal_path_lands_once_with_its_reason(
     app_module: Any,
     worker: WorkerProcess,
     store: DeadLetterStore,
+    broker: redis.Redis,
 ) -> None:
     past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
     sent = {
@@ -221,6 +222,14 @@ def test_every_terminal_path_lands_once_with_its_reason(
         ),
         timeout_s=20,
         message="both hard-time-limit paths",
+    )
+    # The second report was spooled by the main process: wait until its drainer wrote it
+    # (a no-op insert, no second alert) before counting rows and alert lines.
+    spool_key = app_module.app.jobs_settings.dlq_spool_key
+    wait_for(
+        lambda: broker.llen(spool_key) == 0,
+        timeout_s=30,
+        message=lambda: f"the spool to drain (depth {broker.llen(spool_key)})",
     )
     assert len(store.by_task_id(tl)) == 1
     for task_id in sent.values():
@@ -317,6 +326,55 @@ def test_replay_of_a_fixed_job_links_lineage_and_enqueues_once(
     assert again.exit_code == 0
     assert json.loads(again.stdout) == {"id": second["id"], "outcome": "already_resolved"}
     assert store.get(second["id"])["replayed_task_id"] == final_id  # type: ignore[index]
+
+
+def test_replay_of_a_poison_row_sends_a_new_message_not_the_old_one(
+    app_module: Any,
+    worker: WorkerProcess,
+    store: DeadLetterStore,
+    module_pg_url: str,
+    private_redis: RedisServer,
+) -> None:
+    # A message for a task this worker does not know (deployed later, say) carries the
+    # protocol headers of its first life: an id, retries, a past expiry, an eta.
+    raw = redis.Redis.from_url(private_redis.url)
+    old_id = str(uuid.uuid4())
+    past = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat()
+    headers = {
+        "lang": "py",
+        "task": "dlq.deployed_later",
+        "id": old_id,
+        "root_id": old_id,
+        "parent_id": None,
+        "group": None,
+        "retries": 3,
+        "expires": past,
+        "eta": past,
+        "timelimit": [None, None],
+        "argsrepr": "('x',)",
+        "kwargsrepr": "{}",
+        "origin": "gen1@elsewhere",
+        "tenant": "acme",  # the job's own header: kept
+    }
+    push_raw(raw, "fast", json.dumps([["x"], {}, {}]).encode(), "application/json", headers)
+    raw.close()
+    [row] = rows_for(store, old_id)
+    assert row["reason"] == "poison" and row["headers"]["retries"] == 3  # shown as it came
+
+    out = cli(app_module.app, module_pg_url, "replay", str(row["id"]), "--reason", "x", "--json")
+    assert out.exit_code == 0, out.output
+    new_id = json.loads(out.stdout)["task_id"]
+    assert new_id != old_id
+    # Still unknown to the worker, the replay is recorded as poison again: its stored raw
+    # headers are exactly what the replay published.
+    [again] = rows_for(store, new_id)
+    sent = again["headers"]
+    assert sent["id"] == new_id and sent["root_id"] == new_id
+    assert sent["retries"] == 0 and sent["expires"] is None and sent["eta"] is None
+    assert sent["tenant"] == "acme" and sent["origin"] != "gen1@elsewhere"
+    assert again["replay_of"] == row["id"]
+    [parent] = store.by_task_id(old_id)  # the old id was not reused
+    assert parent["status"] == "replayed" and parent["replayed_task_id"] == new_id
 
 
 def test_celery_cli_lists_dead_letters_as_json(

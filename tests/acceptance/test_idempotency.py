@@ -116,6 +116,26 @@ def receipts(gateway: GatewayServer, invoice_id: int) -> list[dict[str, Any]]:
     return [e for e in list(gateway.emails) if e["subject"].endswith(f" {invoice_id}")]
 
 
+def race_at_the_barrier(
+    redis_client: redis.Redis, invoice_id: int, workers: tuple[WorkerProcess, ...]
+) -> None:
+    """Wait until both deliveries wait at the claim, assert they are on different workers,
+    then let them claim together (the workers wait for this signal, not for a timer)."""
+    arrived_key = f"jptest:barrier:{invoice_id}:arrived"
+    arrived = wait_for(
+        lambda: (lambda names: names if len(names) >= 2 else None)(
+            redis_client.lrange(arrived_key, 0, -1)
+        ),
+        timeout_s=30,
+        message=lambda: (
+            f"two deliveries at the barrier (so far: {redis_client.lrange(arrived_key, 0, -1)})"
+        ),
+    )
+    # Asserted, not assumed: each worker runs one slot, so a real race needs both.
+    assert sorted(arrived) == sorted(w.hostname for w in workers)
+    redis_client.set(f"jptest:barrier:{invoice_id}:go", 1)
+
+
 def wait_receipt(gateway: GatewayServer, invoice_id: int) -> list[dict[str, Any]]:
     return wait_for(
         lambda: receipts(gateway, invoice_id),
@@ -131,10 +151,11 @@ def test_two_workers_racing_on_the_same_charge_charge_once(
     bapp: Any, two_workers: Any, gateway: GatewayServer, pg_url: str, redis_client: redis.Redis
 ) -> None:
     invoice_id = new_invoice(pg_url)
-    redis_client.set(f"jptest:barrier:{invoice_id}", 2)  # both deliveries claim together
+    redis_client.set(f"jptest:barrier:{invoice_id}", 1)  # both deliveries claim together
     # Two messages for one charge (send_task bypasses unique dispatch, like a replay).
     first = bapp.app.send_task(CHARGE, args=[invoice_id])
     second = bapp.app.send_task(CHARGE, args=[invoice_id])
+    race_at_the_barrier(redis_client, invoice_id, two_workers)
     results = [first.get(timeout=30), second.get(timeout=30)]
 
     assert {first.worker, second.worker} == {w.hostname for w in two_workers}  # a real race
@@ -230,9 +251,10 @@ def test_an_expired_lease_is_reclaimed_exactly_once_by_two_competing_workers(
         claimed_by="crashed-worker",
         claim_expires_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=1),
     )
-    redis_client.set(f"jptest:barrier:{invoice_id}", 2)
+    redis_client.set(f"jptest:barrier:{invoice_id}", 1)
     first = bapp.app.send_task(CHARGE, args=[invoice_id])
     second = bapp.app.send_task(CHARGE, args=[invoice_id])
+    race_at_the_barrier(redis_client, invoice_id, two_workers)
     results = [first.get(timeout=30), second.get(timeout=30)]
 
     assert {first.worker, second.worker} == {w.hostname for w in two_workers}

@@ -9,6 +9,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner
 
 from jobs_platform import create_app
@@ -142,3 +143,15 @@ def test_parse_since() -> None:
     assert abs((now - parse_since("2h")).total_seconds() - 7200) < 5  # type: ignore[operator]
     assert parse_since("2026-01-02T03:04:05") == dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
     assert parse_since(None) is None
+
+
+def test_reading_commands_never_migrate_and_say_how_to(app: Any, sqlite_url: str) -> None:
+    for args in (["list"], ["show", "1"], ["stats"], ["list", "--json"]):
+        done = run(app, dlq, *args)
+        assert done.exit_code == 1, (args, done.output)
+        assert "celery -A APP db upgrade" in done.output, done.output
+    engine = DeadLetterStore(sqlite_url).engine
+    with engine.connect() as conn:
+        assert sa.inspect(conn).get_table_names() == []  # nothing was created
+    assert run(app, db_group, "upgrade").exit_code == 0
+    assert run(app, dlq, "list", "--json").exit_code == 0

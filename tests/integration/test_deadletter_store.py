@@ -161,3 +161,16 @@ def test_ids_batches_cover_the_filter(store: DeadLetterStore) -> None:
     batches = list(store.ids(Filter(task="a"), batch=3))
     assert [len(b) for b in batches] == [3, 3, 1]
     assert {i for b in batches for i in b} == ids
+
+
+def test_a_replay_whose_parent_was_purged_is_stored_without_the_link(
+    store: DeadLetterStore,
+) -> None:
+    # The FK would refuse the row (and, before, block the spool behind it forever).
+    child = store.add(letter(replay_of=2_000_000_000))
+    assert child is not None
+    row = store.get(child)
+    assert row is not None and row["replay_of"] is None
+    parent = store.add(letter())
+    linked = store.add(letter(replay_of=parent))
+    assert linked is not None and store.get(linked)["replay_of"] == parent  # type: ignore[index]

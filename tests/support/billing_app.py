@@ -1,15 +1,20 @@
 """The reference billing tasks on a test app that real worker processes run.
 
-Short visibility timeout (10 s, margin 2 s, sweep every 1 s) so a killed worker's message
-comes back within seconds; every task's hard limit (6 s) and retry cap stay below it.
-Two hooks let a test steer a delivery through Redis keys (the test's own Redis DB):
+Visibility timeout 30 s (margin 2 s, sweep every 1 s), so a killed worker's message comes
+back within half a minute; every task's hard limit (24 s) plus the longest retry wait
+(1 s) stays below it (a retry waiting for its countdown is held unacknowledged, then
+runs). The hooks below never decide timing on their own: they wait for an explicit signal
+from the test, up to ``HOOK_DEADLINE_S`` (generous, and below the soft limit so a lost
+test never leaves a task stuck). A test steers a delivery through Redis keys (its own DB):
 
-* ``jptest:barrier:<invoice>`` = N: each delivery waits before claiming until N arrived,
-  so N workers really race for the claim;
-* ``jptest:pause:<invoice>`` present: the delivery stops right after the gateway charged
-  (before ``paid`` is written and before the ack), so a test can SIGKILL it there;
+* ``jptest:barrier:<invoice>`` present: each delivery, before claiming, appends its worker
+  (``request.hostname``) to ``jptest:barrier:<invoice>:arrived`` and waits for
+  ``jptest:barrier:<invoice>:go``; the test sees who arrived, then opens the barrier;
+* ``jptest:kill-worker-after-charge:<invoice>`` present: right after the gateway charged
+  (before ``paid`` is written and before the ack) the delivery SIGKILLs its whole worker
+  (main process and pool children), once: the crash comes exactly at that point;
 * ``jptest:fail-after-charge:<invoice>`` present: the delivery fails permanently right
-  after the gateway charged (once), so the job ends in the dead-letter table.
+  after the gateway charged (once), so the job ends in the dead-letter table;
 * ``jptest:kill-child-after-charge:<invoice>`` present: the pool child SIGKILLs itself
   right after the gateway charged (once); Celery retries the job as a lost worker.
 """
@@ -22,50 +27,67 @@ import time
 from typing import Any
 
 import redis
+from celery import current_task
 
 from jobs_platform import PermanentError, ReliableTask, create_app
 from tasks import billing
 
+VISIBILITY_TIMEOUT_S = 30.0
+VISIBILITY_MARGIN_S = 2.0
+RETRY_BACKOFF_MAX_S = 1.0
+TIME_LIMIT_S = 24.0  # + RETRY_BACKOFF_MAX_S < VISIBILITY_TIMEOUT_S - VISIBILITY_MARGIN_S
+SOFT_TIME_LIMIT_S = 22.0
+#: How long a hook waits for the test's signal: generous, yet below the soft time limit.
+HOOK_DEADLINE_S = 20.0
+
 app = create_app(
     "billingtest",
     broker_url=os.environ["JOBS_BROKER_URL"],
-    visibility_timeout=10.0,
-    visibility_margin=2.0,
+    visibility_timeout=VISIBILITY_TIMEOUT_S,
+    visibility_margin=VISIBILITY_MARGIN_S,
     unacked_restore_interval=1.0,
     retry_backoff=0.3,
-    retry_backoff_max=1.0,
+    retry_backoff_max=RETRY_BACKOFF_MAX_S,
     max_retries=3,
     dlq_drain_interval=0.5,
 )
-_redis = redis.Redis.from_url(app.conf.broker_url)
-HOOK_BOUND_S = 4.0  # below the soft time limit (5.4 s): a stuck hook never outlives the task
+_redis = redis.Redis.from_url(app.conf.broker_url, socket_timeout=10, socket_connect_timeout=10)
+
+
+def _wait_for_signal(key: str) -> bool:
+    """Poll until the test sets ``key``; False if ``HOOK_DEADLINE_S`` passed first."""
+    deadline = time.monotonic() + HOOK_DEADLINE_S
+    while not _redis.exists(key):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
 
 
 def _before_claim(invoice_id: int) -> None:
     key = f"jptest:barrier:{invoice_id}"
-    wanted = _redis.get(key)
-    if wanted is None:
+    if not _redis.exists(key):
         return
-    _redis.incr(f"{key}:arrived")
-    deadline = time.monotonic() + HOOK_BOUND_S
-    while int(_redis.get(f"{key}:arrived") or 0) < int(wanted) and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _redis.rpush(f"{key}:arrived", str(current_task.request.hostname))
+    _wait_for_signal(f"{key}:go")
 
 
 def _after_charge(invoice_id: int, charge: dict[str, Any]) -> None:
     if _redis.delete(f"jptest:kill-child-after-charge:{invoice_id}"):
         os.kill(os.getpid(), signal.SIGKILL)
+    if _redis.delete(f"jptest:kill-worker-after-charge:{invoice_id}"):
+        # The worker runs in its own session (WorkerProcess): SIGKILL its whole group, this
+        # pool child included, exactly here. No done state, no ack, no release.
+        os.killpg(os.getpgid(0), signal.SIGKILL)
     if _redis.delete(f"jptest:fail-after-charge:{invoice_id}"):
         raise PermanentError(f"bookkeeping for invoice {invoice_id} failed after the charge")
-    deadline = time.monotonic() + HOOK_BOUND_S
-    while _redis.exists(f"jptest:pause:{invoice_id}") and time.monotonic() < deadline:
-        time.sleep(0.02)
 
 
 _tasks = billing.register(
     app,
     hooks=billing.Hooks(before_claim=_before_claim, after_charge=_after_charge),
-    time_limit=6,
+    time_limit=TIME_LIMIT_S,
+    soft_time_limit=SOFT_TIME_LIMIT_S,
     unique_for=30,
 )
 charge_invoice = _tasks.charge_invoice
@@ -79,12 +101,11 @@ send_invoice_email = _tasks.send_invoice_email
     queue="fast",
     business_key=("key",),
     unique_for=30,
-    time_limit=6,
+    time_limit=TIME_LIMIT_S,
+    soft_time_limit=SOFT_TIME_LIMIT_S,
 )
 def unique_gate(self: Any, key: str) -> str:
     """Records its run, then holds its slot until the test opens ``jptest:gate:<key>``."""
     _redis.rpush(f"jptest:runs:{key}", self.request.id)
-    deadline = time.monotonic() + HOOK_BOUND_S
-    while not _redis.exists(f"jptest:gate:{key}") and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _wait_for_signal(f"jptest:gate:{key}")
     return key

@@ -69,8 +69,12 @@ def test_identities_are_stable_and_long_ones_hashed() -> None:
     assert long == business_identity("t", {"a": "x" * 500})
 
 
-def test_lock_is_atomic_and_compare_and_delete(redis_url: str) -> None:
-    locks = unique.UniqueLocks(redis.Redis.from_url(redis_url))
+def test_lock_is_atomic_and_compare_and_delete(
+    redis_url: str, request: pytest.FixtureRequest
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    request.addfinalizer(client.close)
+    locks = unique.UniqueLocks(client)
     identity = f"t:{uuid.uuid4().hex}"
     assert locks.acquire(identity, "a", 5) == ("a", True)
     assert locks.acquire(identity, "b", 5) == ("a", False)
@@ -102,6 +106,45 @@ def test_an_explicit_task_id_is_always_published(app: Any) -> None:
     again = task.apply_async([9], task_id="explicit-id")  # e.g. a retry keeps its id
     assert again.id == "explicit-id"
     assert task.delay(9).id == first.id  # the lock still names the first job
+
+
+def test_an_explicit_task_id_skips_the_lock(
+    app: Any, monkeypatch: pytest.MonkeyPatch, redis_url: str
+) -> None:
+    task = declare(app, business_key=("order_id",), unique_for=30)
+    identity = unique.identity_of(task, [10], {})
+
+    def no_lock(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a call with an explicit task id must not touch the lock")
+
+    monkeypatch.setattr(unique, "locks_for", no_lock)
+    assert task.apply_async([10], task_id="retry-id").id == "retry-id"
+    monkeypatch.undo()
+    assert unique.locks_for(redis_url).holder(identity) is None  # nor take it
+    first = task.delay(10)
+    assert first.id != "retry-id"
+    assert task.delay(10).id == first.id
+
+
+def test_the_lock_client_has_socket_timeouts(redis_url: str) -> None:
+    kwargs = unique.locks_for(redis_url).client.connection_pool.connection_kwargs
+    assert kwargs["socket_timeout"] == unique.SOCKET_TIMEOUT_S
+    assert kwargs["socket_connect_timeout"] == unique.SOCKET_TIMEOUT_S
+
+
+def test_a_half_open_redis_fails_the_dispatch_instead_of_hanging(app: Any) -> None:
+    # A listener that accepts connections and never answers: a half-open Redis.
+    import socket
+
+    silent = socket.create_server(("127.0.0.1", 0))
+    try:
+        url = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        with pytest.raises(redis.exceptions.TimeoutError):
+            unique.UniqueLocks(client).acquire("t:x", "a", 5)
+        client.close()
+    finally:
+        silent.close()
 
 
 def test_revoked_jobs_release_their_lock(app: Any) -> None:
