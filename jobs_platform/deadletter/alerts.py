@@ -14,7 +14,6 @@ import atexit
 import collections
 import json
 import logging
-import os
 import threading
 import time
 import urllib.request
@@ -22,6 +21,7 @@ from typing import Any
 
 from jobs_platform.deadletter.metrics import WEBHOOK_REQUESTS
 from jobs_platform.deadletter.record import DeadLetter, utcnow
+from jobs_platform.process_local import per_process
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -171,16 +171,12 @@ class WebhookNotifier:
             thread.join(timeout=POST_TIMEOUT_S + 1)
 
 
-_notifiers: dict[tuple[int, str], WebhookNotifier] = {}
-_notifiers_lock = threading.Lock()
-
-
 def notifier_for(url: str, interval_s: float) -> WebhookNotifier:
     """This process's notifier for ``url`` (threads do not survive a fork)."""
-    key = (os.getpid(), url)
-    with _notifiers_lock:
-        notifier = _notifiers.get(key)
-        if notifier is None:
-            notifier = _notifiers[key] = WebhookNotifier(url, interval_s)
-            atexit.register(notifier.close)
+
+    def start() -> WebhookNotifier:
+        notifier = WebhookNotifier(url, interval_s)
+        atexit.register(notifier.close)
         return notifier
+
+    return per_process(("dead-letter-webhook", url), start)

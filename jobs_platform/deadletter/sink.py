@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -50,6 +49,7 @@ from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.spool import Spool
 from jobs_platform.deadletter.store import DeadLetterStore
 from jobs_platform.deadletter.wake import WAKE_DRAINER
+from jobs_platform.process_local import per_process
 from jobs_platform.settings import Settings
 
 logger = logging.getLogger("jobs_platform.deadletter")
@@ -348,17 +348,9 @@ class DeadLetterSink:
             return 0
 
 
-_sinks: dict[tuple[int, int], DeadLetterSink] = {}
-_sinks_lock = threading.Lock()
-
-
 def sink_for(app: Any) -> DeadLetterSink:
     """The sink of ``app`` in this process."""
-    key = (os.getpid(), id(app))
-    with _sinks_lock:
-        sink = _sinks.get(key)
-        if sink is None:
-            sink = _sinks[key] = DeadLetterSink(
-                app.jobs_settings, spool_url=str(app.conf.broker_url)
-            )
-        return sink
+    return per_process(
+        ("dead-letter-sink", id(app)),
+        lambda: DeadLetterSink(app.jobs_settings, spool_url=str(app.conf.broker_url)),
+    )

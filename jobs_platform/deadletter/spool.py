@@ -8,28 +8,9 @@ by value (``LREM``), so several drainers may work on the list at once.
 
 from __future__ import annotations
 
-import os
-import threading
-
 import redis
 
-#: Network waits on the spool are bounded: it sits on the failure path of every task.
-SOCKET_TIMEOUT_S = 5.0
-
-_lock = threading.Lock()
-_clients: dict[tuple[int, str], redis.Redis] = {}
-
-
-def _client(url: str) -> redis.Redis:
-    key = (os.getpid(), url)
-    with _lock:
-        client = _clients.get(key)
-        if client is None:
-            client = redis.Redis.from_url(
-                url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
-            )
-            _clients[key] = client
-        return client
+from jobs_platform.process_local import redis_client
 
 
 class Spool:
@@ -39,7 +20,7 @@ class Spool:
 
     @property
     def client(self) -> redis.Redis:
-        return _client(self.url)
+        return redis_client(self.url)
 
     def push(self, text: str) -> None:
         self.client.rpush(self.key, text)

@@ -22,8 +22,6 @@ import hashlib
 import inspect
 import json
 import logging
-import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,6 +30,7 @@ from celery import signals
 
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.idempotency import events
+from jobs_platform.process_local import per_process, redis_client
 
 logger = logging.getLogger("jobs_platform.idempotency")
 
@@ -49,10 +48,6 @@ _RELEASE = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
 return 0
 """
-#: Socket timeouts of the lock client (seconds): ``.delay()`` in a web process, and the
-#: worker's main process re-publishing a lost worker's job, must not hang on a half-open
-#: Redis (the dead-letter spool client does the same).
-SOCKET_TIMEOUT_S = 5.0
 #: Celery states after which the job is over (a RETRY is still the same job).
 _FINAL_STATES = frozenset({"SUCCESS", "FAILURE"})
 
@@ -138,21 +133,9 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-_clients_lock = threading.Lock()
-_clients: dict[tuple[int, str], UniqueLocks] = {}
-
-
 def locks_for(url: str) -> UniqueLocks:
-    """The locks on the Redis at ``url``, one client per process (like db.engine_for)."""
-    key = (os.getpid(), url)
-    with _clients_lock:
-        locks = _clients.get(key)
-        if locks is None:
-            client = redis.Redis.from_url(
-                url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=SOCKET_TIMEOUT_S
-            )
-            locks = _clients[key] = UniqueLocks(client)
-        return locks
+    """The locks on the Redis at ``url``, one per process."""
+    return per_process(("unique-locks", url), lambda: UniqueLocks(redis_client(url)))
 
 
 def dispatch_once(

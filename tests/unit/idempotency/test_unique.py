@@ -11,6 +11,7 @@ import redis
 
 from jobs_platform import ConfigError, DispatchError, ReliableTask, create_app
 from jobs_platform.idempotency import business_identity, unique
+from jobs_platform.process_local import REDIS_TIMEOUT_S
 
 
 @pytest.fixture()
@@ -128,8 +129,8 @@ def test_an_explicit_task_id_skips_the_lock(
 
 def test_the_lock_client_has_socket_timeouts(redis_url: str) -> None:
     kwargs = unique.locks_for(redis_url).client.connection_pool.connection_kwargs
-    assert kwargs["socket_timeout"] == unique.SOCKET_TIMEOUT_S
-    assert kwargs["socket_connect_timeout"] == unique.SOCKET_TIMEOUT_S
+    assert kwargs["socket_timeout"] == REDIS_TIMEOUT_S
+    assert kwargs["socket_connect_timeout"] == REDIS_TIMEOUT_S
 
 
 def test_a_half_open_redis_fails_the_dispatch_instead_of_hanging(app: Any) -> None:
