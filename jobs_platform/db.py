@@ -4,17 +4,27 @@ Engines are created lazily *per process* and keyed by PID: Celery's prefork chil
 inherit the parent's memory, and a connection pool shared across a fork corrupts
 connections. SQLite is the embedded default (WAL, busy timeout); PostgreSQL in production.
 Migrations are Alembic's, applied with :func:`upgrade` (``celery -A APP db upgrade``).
+Their revisions live in a version table of their own (:data:`VERSION_TABLE`): an app that
+runs its own Alembic on the same database keeps ``alembic_version`` to itself.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import os
 import threading
+from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase
+
+from jobs_platform.errors import ConfigError
+
+logger = logging.getLogger("jobs_platform.db")
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -86,20 +96,160 @@ def alembic_config(url: str) -> Any:
     return config
 
 
+#: The platform's Alembic version table; Alembic's default one belongs to the app.
+VERSION_TABLE = "jobs_platform_alembic_version"
+LEGACY_VERSION_TABLE = "alembic_version"
+
+#: The revisions older releases wrote to ``alembic_version``, each with the tables it had
+#: created. A row there is the platform's only if those tables exist: an app may number its
+#: own revisions 0001, 0002... too. Later revisions are only ever written to VERSION_TABLE.
+LEGACY_REVISIONS: dict[str, tuple[str, ...]] = {
+    "0001": ("dead_letter_jobs",),
+    "0002": ("dead_letter_jobs", "idempotency_keys"),
+}
+_LEGACY_TABLES = sorted({name for names in LEGACY_REVISIONS.values() for name in names})
+
 #: Serialises migrations of workers starting at once against one PostgreSQL database.
 _MIGRATION_LOCK_ID = 0x6A6F6273  # "jobs"
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Apply the platform's migrations to ``url`` (idempotent; safe to call at every start)."""
+@dataclasses.dataclass(frozen=True)
+class LegacyMove:
+    """The platform's revision moved out of ``alembic_version`` by :func:`upgrade`."""
+
+    revision: str
+    dropped: bool  # alembic_version held only the platform's row and is gone
+    left: tuple[str, ...]  # the app's revisions still in alembic_version
+
+    def __str__(self) -> str:
+        moved = (
+            f"moved platform revision {self.revision} from {LEGACY_VERSION_TABLE} "
+            f"to {VERSION_TABLE}"
+        )
+        if self.dropped:
+            return f"{moved}; dropped {LEGACY_VERSION_TABLE} (it held only that revision)"
+        kept = ", ".join(self.left) or "no rows"
+        return f"{moved}; {LEGACY_VERSION_TABLE} keeps the app's revisions ({kept})"
+
+
+def upgrade(url: str, revision: str = "head") -> LegacyMove | None:
+    """Apply the platform's migrations to ``url`` (idempotent; safe to call at every start).
+
+    A database migrated by an older release has the platform's revision in
+    ``alembic_version``: it is moved to :data:`VERSION_TABLE` first (what was moved is
+    returned). Raises :class:`ConfigError` when the recorded state is ambiguous.
+    """
     from alembic import command
 
+    with _migration_lock(url):
+        moved = _move_legacy_revision(url)
+        command.upgrade(alembic_config(url), revision)
+    return moved
+
+
+def stamp(url: str, revision: str) -> None:
+    """Record ``revision`` in :data:`VERSION_TABLE` without running migrations."""
+    from alembic import command
+
+    with _migration_lock(url):
+        command.stamp(alembic_config(url), revision)
+
+
+def current(url: str) -> str | None:
+    """The platform's revision recorded in :data:`VERSION_TABLE` (``None``: none yet)."""
+    from alembic.migration import MigrationContext
+
+    with engine_for(url).connect() as conn:
+        opts = {"version_table": VERSION_TABLE}
+        heads = MigrationContext.configure(conn, opts=opts).get_current_heads()
+    return ", ".join(heads) or None
+
+
+def legacy_revision(url: str) -> str | None:
+    """The platform's revision an older release left in ``alembic_version``, not yet moved."""
+    with engine_for(url).connect() as conn:
+        return _legacy_revision(conn)
+
+
+@contextlib.contextmanager
+def _migration_lock(url: str) -> Iterator[None]:
     if not url.startswith("postgresql"):
-        command.upgrade(alembic_config(url), revision)  # SQLite serialises writers itself
+        yield  # SQLite serialises writers itself
         return
     with engine_for(url).connect() as lock_conn:
         lock_conn.execute(sa.text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
         try:
-            command.upgrade(alembic_config(url), revision)
+            yield
         finally:
             lock_conn.execute(sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})
+
+
+def _move_legacy_revision(url: str) -> LegacyMove | None:
+    """Move the platform's row from ``alembic_version`` to VERSION_TABLE, in one transaction."""
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+
+    with engine_for(url).connect() as conn:
+        if sa.inspect(conn).has_table(VERSION_TABLE):
+            return None  # the usual start: nothing to move, and no write lock taken for it
+        conn.rollback()
+        if conn.dialect.name == "sqlite":
+            # pysqlite runs DDL outside any transaction unless one is open; IMMEDIATE also
+            # takes the write lock now, so two workers starting at once move the row once.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        revision = _legacy_revision(conn)
+        if revision is None:
+            conn.rollback()
+            return None
+        ours = MigrationContext.configure(conn, opts={"version_table": VERSION_TABLE})
+        ours.stamp(ScriptDirectory.from_config(alembic_config(url)), revision)
+        theirs = MigrationContext.configure(conn)
+        before = theirs.get_current_heads()
+        legacy = sa.table(LEGACY_VERSION_TABLE, sa.column("version_num"))
+        conn.execute(sa.delete(legacy).where(legacy.c.version_num == revision))
+        left = theirs.get_current_heads()
+        dropped = before == (revision,) and not left
+        if dropped:
+            sa.Table(LEGACY_VERSION_TABLE, sa.MetaData()).drop(conn)
+        conn.commit()
+    move = LegacyMove(revision, dropped, left)
+    logger.info("jobs.db.version_moved: %s", move, extra={"event": "jobs.db.version_moved"})
+    return move
+
+
+def _legacy_revision(conn: sa.Connection) -> str | None:
+    """The platform's revision in ``alembic_version`` when VERSION_TABLE does not exist yet."""
+    from alembic.migration import MigrationContext
+
+    inspector = sa.inspect(conn)
+    if inspector.has_table(VERSION_TABLE):
+        return None  # moved already, or created by this release: alembic_version is the app's
+    tables = set(inspector.get_table_names())
+    rows = MigrationContext.configure(conn).get_current_heads()  # () without the table
+    ours = []
+    for row in rows:
+        created = set(LEGACY_REVISIONS.get(row, ()))
+        if created and created <= tables:
+            ours.append(row)
+        elif created & tables:
+            raise ConfigError(
+                f"{LEGACY_VERSION_TABLE} holds revision {row}, but only some of the tables "
+                f"the platform's {row} creates exist ({', '.join(sorted(created & tables))}): "
+                "record the platform's real revision with `celery -A APP db stamp REVISION`"
+            )
+    if len(ours) > 1:
+        raise ConfigError(
+            f"{LEGACY_VERSION_TABLE} holds several revisions that could be the platform's "
+            f"({', '.join(ours)}): record the platform's with `celery -A APP db stamp "
+            f"REVISION` and delete it from {LEGACY_VERSION_TABLE} by hand"
+        )
+    if ours:
+        return ours[0]
+    present = [name for name in _LEGACY_TABLES if name in tables]
+    if present:
+        raise ConfigError(
+            f"the platform's tables exist ({', '.join(present)}) but no platform revision is "
+            f"recorded in {VERSION_TABLE} or {LEGACY_VERSION_TABLE}: record the revision they "
+            "are at with `celery -A APP db stamp REVISION` (0002 if both exist)"
+        )
+    return None

@@ -1,13 +1,26 @@
-"""Alembic environment for the platform's tables (configured in code: see db.alembic_config)."""
+"""Alembic environment for the platform's tables (configured in code: see db.alembic_config).
+
+The platform's revisions live in their own version table, and autogenerate sees only the
+platform's tables: the app may run its own Alembic on the same database.
+"""
 
 from __future__ import annotations
 
 from alembic import context
 
-from jobs_platform.db import Base, engine_for
+from jobs_platform.db import VERSION_TABLE, Base, engine_for
+
+# The models fill Base.metadata: autogenerate compares the database with all of them.
+from jobs_platform.deadletter import model as _dead_letters  # noqa: F401
+from jobs_platform.idempotency import model as _idempotency  # noqa: F401
 
 config = context.config
 target_metadata = Base.metadata
+
+
+def include_name(name: str | None, type_: str, _parents: object) -> bool:
+    """Only the platform's tables: autogenerate must not offer to drop the app's."""
+    return type_ != "table" or name in target_metadata.tables
 
 
 def run_migrations_online() -> None:
@@ -16,6 +29,8 @@ def run_migrations_online() -> None:
         context.configure(
             connection=connection,
             target_metadata=target_metadata,
+            version_table=VERSION_TABLE,
+            include_name=include_name,
             render_as_batch=connection.dialect.name == "sqlite",
         )
         with context.begin_transaction():
@@ -27,6 +42,8 @@ if context.is_offline_mode():
     context.configure(
         url=config.get_main_option("sqlalchemy.url"),
         target_metadata=target_metadata,
+        version_table=VERSION_TABLE,
+        include_name=include_name,
         literal_binds=True,
     )
     with context.begin_transaction():
