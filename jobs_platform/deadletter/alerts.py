@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
 from jobs_platform.deadletter.metrics import WEBHOOK_REQUESTS
@@ -43,6 +44,7 @@ def log_dead_letter(row_id: int, letter: DeadLetter) -> None:
         "reason": letter.reason,
         "attempts": letter.attempts,
         "error_type": letter.error_type,
+        "http_status": letter.http_status,
         "fingerprint": letter.fingerprint,
     }
     logger.error(
@@ -62,17 +64,25 @@ def log_dead_letter(row_id: int, letter: DeadLetter) -> None:
 
 
 class WebhookNotifier:
-    """Sends at most one POST per ``interval_s`` (plus a final flush at exit)."""
+    """Sends at most one POST per ``interval_s`` (plus a final flush at exit).
 
-    def __init__(self, url: str, interval_s: float) -> None:
+    ``clock`` is monotonic seconds with an arbitrary origin (on Linux, the uptime), so only
+    differences between two of its readings mean anything.
+    """
+
+    def __init__(
+        self, url: str, interval_s: float, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.url = url
         self.interval_s = interval_s
+        self.clock = clock
         self._lock = threading.Lock()
         self._groups: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._samples: list[dict[str, Any]] = []
         self._count = 0
         self._since = ""
-        self._last_sent = 0.0
+        #: When the last POST went out; ``None`` until the first (which is never held).
+        self._last_sent: float | None = None
         self._wake = threading.Event()
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
@@ -93,6 +103,7 @@ class WebhookNotifier:
                         "queue": letter.queue,
                         "reason": letter.reason,
                         "error_type": letter.error_type,
+                        "http_status": letter.http_status,
                         "error_message": letter.error_message[:200],
                     }
                 )
@@ -108,11 +119,17 @@ class WebhookNotifier:
         while not self._stopped:
             self._wake.wait()
             self._wake.clear()
-            wait_s = self._last_sent + self.interval_s - time.monotonic()
+            wait_s = self.window_left()
             if wait_s > 0:
                 # The window: everything arriving meanwhile is merged (close() ends it).
                 self._closing.wait(wait_s)
             self.flush()
+
+    def window_left(self) -> float:
+        """Seconds until the next POST may go (0 when none was sent yet)."""
+        if self._last_sent is None:
+            return 0.0
+        return self._last_sent + self.interval_s - self.clock()
 
     def take(self) -> dict[str, Any] | None:
         """The pending summary (and reset), or ``None`` when nothing is pending."""
@@ -140,7 +157,7 @@ class WebhookNotifier:
         summary = self.take()
         if summary is None:
             return
-        self._last_sent = time.monotonic()
+        self._last_sent = self.clock()
         request = urllib.request.Request(
             self.url,
             data=json.dumps(summary, default=str).encode(),

@@ -88,7 +88,7 @@ class DeadLetterJob(Base):
     # -- why it died --------------------------------------------------------------------
     reason: Mapped[str] = mapped_column(sa.String(16))
     attempts: Mapped[int] = mapped_column(sa.Integer, default=0)
-    errors: Mapped[Any] = mapped_column(JSONType)  # [{type, message, at, attempt}], in order
+    errors: Mapped[Any] = mapped_column(JSONType)  # [{type, message, at, attempt, status?}]
     error_type: Mapped[str] = mapped_column(sa.String(255), default="")
     error_message: Mapped[str] = mapped_column(sa.Text, default="")
     traceback: Mapped[str | None] = mapped_column(sa.Text)

@@ -8,6 +8,11 @@ task's context) and some in the worker's main process, where Celery leaves
 ``sender.request`` empty; there :class:`.poison.DeadLetterRequest` exposes the request it
 is handling, so every path sees the message's headers, queue and history.
 
+The exception ``task_failure`` receives is not always the one the task raised: Celery swaps
+one it cannot pickle (urllib's ``HTTPError``, httpx's ``HTTPStatusError``) for a stand-in
+such as ``OSError()``. When :class:`~jobs_platform.task.ReliableTask` gives up it records the
+original failure on the task's request (:data:`FAILURE_ATTR`), and that record wins.
+
 Receivers never raise (Celery would only log it): a failure here is logged at ERROR with
 its traceback and counted as ``jobs_dead_letter_write_failures_total{stage="receiver"}``.
 """
@@ -29,11 +34,18 @@ from celery.exceptions import Reject
 from jobs_platform import history
 from jobs_platform.deadletter.metrics import WRITE_FAILURES
 from jobs_platform.deadletter.record import DeadLetter, parse_time, row_id_or_none, utcnow
+from jobs_platform.retry.classify import http_status
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
 #: The header a replay sets so that a replayed job that dies again links to its row.
 REPLAY_OF_HEADER = "jobs_replay_of"
+#: Request attribute where ReliableTask leaves the failure it gave up on, as raised:
+#: ``{"type", "message", "at", "attempt", "status", "outcome"}``. Same name as
+#: ``jobs_platform.task.FAILURE_ATTR`` (a test keeps them equal; no import: task -> here).
+FAILURE_ATTR = "jobs_failure"
+#: The outcomes ReliableTask records; anything else in the attribute is ignored.
+OUTCOMES = ("exhausted", "permanent")
 
 _local = threading.local()
 
@@ -59,6 +71,18 @@ class Origin:
     retries: int
     args: Any = None
     kwargs: Any = None
+    #: The failure ReliableTask recorded on the task's request (pool child only).
+    failure: dict[str, Any] | None = None
+
+
+def recorded_failure(context: Any) -> dict[str, Any] | None:
+    """The well-formed failure record on ``context``, else ``None``."""
+    info = getattr(context, FAILURE_ATTR, None)
+    if not isinstance(info, dict) or info.get("outcome") not in OUTCOMES:
+        return None
+    if not isinstance(info.get("type"), str) or not isinstance(info.get("message"), str):
+        return None
+    return info
 
 
 def origin_of(sender: Any, task_id: str | None) -> Origin:
@@ -82,14 +106,14 @@ def origin_of(sender: Any, task_id: str | None) -> Origin:
             retries=int(context.retries or 0),
             args=context.args,
             kwargs=context.kwargs,
+            failure=recorded_failure(context),
         )
     return Origin(headers={}, delivery_info={}, hostname=None, retries=0)
 
 
-def reason_for(exc: BaseException) -> str:
-    outcome = getattr(exc, "jobs_outcome", None)
-    if outcome in ("exhausted", "permanent"):
-        return str(outcome)
+def reason_for(exc: BaseException, failure: dict[str, Any] | None = None) -> str:
+    if failure is not None:
+        return str(failure["outcome"])
     if isinstance(exc, TimeLimitExceeded):
         return "time_limit"
     if isinstance(exc, WorkerLostError):
@@ -138,6 +162,24 @@ def _letter(
     )
 
 
+def final_entry(exc: BaseException, failure: dict[str, Any] | None, attempt: int) -> dict[str, Any]:
+    """The last error of the history, with its HTTP ``status`` when there is one."""
+    if failure is not None:
+        entry = history.entry(
+            failure["type"],
+            failure["message"],
+            attempt,
+            at=failure.get("at") if isinstance(failure.get("at"), str) else None,
+        )
+        status = failure.get("status")
+    else:
+        entry = history.describe(exc, attempt)
+        status = http_status(exc)  # a plain task's exception, when Celery kept it
+    if isinstance(status, int) and not isinstance(status, bool):
+        entry["status"] = status
+    return entry
+
+
 def failure_letter(
     sender: Any, task_id: str | None, exc: BaseException, args: Any, kwargs: Any, einfo: Any
 ) -> DeadLetter:
@@ -147,8 +189,8 @@ def failure_letter(
         sender,
         task_id,
         origin,
-        reason=reason_for(exc),
-        final=history.describe(exc, attempt),
+        reason=reason_for(exc, origin.failure),
+        final=final_entry(exc, origin.failure, attempt),
         attempts=attempt,
         args=args if args is not None else origin.args,
         kwargs=kwargs if kwargs is not None else origin.kwargs,

@@ -55,9 +55,19 @@ def normalise_message(message: str) -> str:
     return " ".join(text.split())[:500]
 
 
-def fingerprint(task_name: str, error_type: str, message: str) -> str:
-    """A short stable hash of task + exception type + normalised message (for grouping)."""
-    basis = f"{task_name}\x1f{error_type}\x1f{normalise_message(message)}"
+def fingerprint(
+    task_name: str, error_type: str, message: str, *, status: int | None, reason: str
+) -> str:
+    """A short stable hash of one failure *cause* (for grouping and bulk replay by cause).
+
+    The basis is task + exception type + HTTP status + why the job died + normalised
+    message. Status and reason are kept apart from the message because normalising turns
+    every number into ``<n>``: without them a 404 (``permanent``) and a 503 (``exhausted``)
+    of the same task would be one group, and replaying that group would replay both.
+    Rows stored before status and reason joined the basis keep their old fingerprint.
+    """
+    code = "" if status is None else str(status)
+    basis = "\x1f".join((task_name, error_type, code, reason, normalise_message(message)))
     return hashlib.sha256(basis.encode()).hexdigest()[:16]
 
 
@@ -185,8 +195,20 @@ class DeadLetter:
         return str(self.errors[-1].get("message", "")) if self.errors else ""
 
     @property
+    def http_status(self) -> int | None:
+        """The HTTP status of the final error (its ``status`` entry), if it had one."""
+        status = self.errors[-1].get("status") if self.errors else None
+        return status if isinstance(status, int) and not isinstance(status, bool) else None
+
+    @property
     def fingerprint(self) -> str:
-        return fingerprint(self.task_name, self.error_type, self.error_message)
+        return fingerprint(
+            self.task_name,
+            self.error_type,
+            self.error_message,
+            status=self.http_status,
+            reason=self.reason,
+        )
 
     @property
     def dedupe_key(self) -> str:

@@ -99,6 +99,41 @@ def test_stats_group_by_task_and_fingerprint(store: DeadLetterStore) -> None:
     assert top["error_message"].startswith("invoice")
 
 
+def http_letter(status: int, reason: str, invoice: int) -> DeadLetter:
+    error = {
+        "type": "urllib.error.HTTPError",
+        "message": f"HTTP Error {status}: partner said no to invoice {invoice}",
+        "at": "t",
+        "attempt": 1,
+        "status": status,
+    }
+    return letter("billing.charge", reason=reason, errors=[error])
+
+
+def test_a_fingerprint_selects_one_cause_for_bulk_operations(store: DeadLetterStore) -> None:
+    # One task, one wording once numbers are normalised away: a 503 that ran out of retries
+    # and a 404 that failed at once are different causes, and a bulk replay by fingerprint
+    # must pick only one of them.
+    unavailable = [store.add(http_letter(503, "exhausted", n)) for n in (1, 2)]
+    not_found = store.add(http_letter(404, "permanent", 3))
+    first, other = store.get(unavailable[0] or 0), store.get(not_found or 0)
+    assert first is not None and other is not None
+    fp = first["fingerprint"]
+    assert [i for batch in store.ids(Filter(fingerprint=fp)) for i in batch] == unavailable
+    assert other["fingerprint"] != fp
+    assert (first["errors"][-1]["status"], other["errors"][-1]["status"]) == (503, 404)
+    groups = store.stats(Filter(task="billing.charge")).by_fingerprint
+    assert sorted(g["count"] for g in groups) == [1, 2]
+
+    # A row stored before the basis changed keeps its fingerprint: nothing recomputes it.
+    with store.engine.begin() as conn:
+        conn.execute(
+            sa.text("UPDATE dead_letter_jobs SET fingerprint = 'legacy0000000000' WHERE id = :i"),
+            {"i": not_found},
+        )
+    assert store.count(Filter(fingerprint="legacy0000000000")) == 1
+
+
 def test_replay_moves_the_row_once_and_rolls_back_when_publishing_fails(
     store: DeadLetterStore,
 ) -> None:

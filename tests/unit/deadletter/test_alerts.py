@@ -110,3 +110,37 @@ def test_webhook_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) 
             message="the webhook failure to be logged",
         )
     notifier.close()
+
+
+class StoppedClock:
+    """A monotonic clock that reads ``now`` (moved by the test, never by itself)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_first_webhook_is_sent_at_once_on_a_machine_that_booted_seconds_ago(
+    webhook: tuple[str, list[dict[str, Any]]],
+) -> None:
+    url, bodies = webhook
+    # time.monotonic() on Linux is the uptime: 3.0 is a machine 3 s after boot, far less
+    # than one interval. The first dead letter must not wait for a previous POST that
+    # never happened.
+    clock = StoppedClock(3.0)
+    notifier = alerts.WebhookNotifier(url, interval_s=600, clock=clock)
+    try:
+        notifier.notify(1, letter(1))
+        wait_for(lambda: bodies, timeout_s=10, message="the first POST, sent at once")
+        assert [b["count"] for b in bodies] == [1]
+        # The window still holds: one second later, the next one waits for it.
+        clock.now = 4.0
+        notifier.notify(2, letter(2))
+        assert notifier.window_left() == pytest.approx(599.0)
+        assert len(bodies) == 1
+    finally:
+        notifier.close()
+    wait_for(lambda: len(bodies) == 2, timeout_s=10, message="the held one, sent at close")
+    assert bodies[1]["count"] == 1

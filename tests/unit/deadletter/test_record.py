@@ -46,15 +46,62 @@ def letter(**overrides: object) -> DeadLetter:
 )
 def test_fingerprint_ignores_numbers_ids_and_quoted_values(a: str, b: str) -> None:
     assert normalise_message(a) == normalise_message(b)
-    assert fingerprint("t", "E", a) == fingerprint("t", "E", b)
+    assert fingerprint("t", "E", a, status=None, reason="permanent") == fingerprint(
+        "t", "E", b, status=None, reason="permanent"
+    )
 
 
 def test_fingerprint_separates_task_type_and_wording() -> None:
-    base = fingerprint("t", "ValueError", "bad amount 3")
-    assert base != fingerprint("u", "ValueError", "bad amount 3")
-    assert base != fingerprint("t", "KeyError", "bad amount 3")
-    assert base != fingerprint("t", "ValueError", "bad currency 3")
+    def fp(task: str, error_type: str, message: str) -> str:
+        return fingerprint(task, error_type, message, status=None, reason="permanent")
+
+    base = fp("t", "ValueError", "bad amount 3")
+    assert base != fp("u", "ValueError", "bad amount 3")
+    assert base != fp("t", "KeyError", "bad amount 3")
+    assert base != fp("t", "ValueError", "bad currency 3")
     assert len(base) == 16
+
+
+def http_letter(status: int, reason: str, url_id: int) -> DeadLetter:
+    message = f"HTTP Error {status}: for http://partner/invoices/{url_id}"
+    entry = {"type": "urllib.error.HTTPError", "message": message, "at": "x", "attempt": 1}
+    return letter(reason=reason, errors=[{**entry, "status": status}])
+
+
+def test_fingerprint_separates_http_status_and_failure_reason() -> None:
+    # Normalising makes "HTTP Error 404" and "HTTP Error 503" the same text: the status and
+    # the reason must keep a 404 (permanent) and a 503 (exhausted) of one task apart, or a
+    # bulk replay by fingerprint would replay both causes.
+    not_found, unavailable = http_letter(404, "permanent", 1), http_letter(503, "exhausted", 1)
+    assert normalise_message(not_found.error_message) == normalise_message(
+        unavailable.error_message
+    )
+    assert not_found.fingerprint != unavailable.fingerprint
+    # Each part on its own is enough.
+    assert http_letter(404, "exhausted", 1).fingerprint != unavailable.fingerprint
+    assert http_letter(503, "permanent", 1).fingerprint != unavailable.fingerprint
+    # ... while the same cause about another record still groups.
+    assert http_letter(503, "exhausted", 99).fingerprint == unavailable.fingerprint
+
+
+def test_fingerprint_of_a_letter_without_status_is_stable() -> None:
+    assert letter().http_status is None
+    expected = fingerprint(
+        "billing.charge",
+        "builtins.ConnectionError",
+        "refused #12",
+        status=None,
+        reason="exhausted",
+    )
+    assert letter().fingerprint == expected
+    assert letter(reason="time_limit").fingerprint != expected
+
+
+@pytest.mark.parametrize("status", [True, "503", 503.0, None])
+def test_only_an_integer_status_counts(status: object) -> None:
+    errors = [{"type": "E", "message": "m", "at": "x", "attempt": 1, "status": status}]
+    assert letter(errors=errors).http_status is None
+    assert letter(errors=[]).http_status is None
 
 
 def test_redact_masks_configured_keys_recursively_and_case_insensitively() -> None:

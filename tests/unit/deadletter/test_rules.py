@@ -150,7 +150,7 @@ def test_importing_the_platform_loads_no_sqlalchemy_from_the_dead_letter_package
         import jobs_platform
         from jobs_platform.deadletter import CONSUMER, DeadLetter, install
 
-        jobs_platform.create_app("probe", broker_url="memory://")
+        jobs_platform.create_app("probe", broker_url="redis://127.0.0.1:6379/0")  # never connects
         print(sorted(culprits))
         """
     )
