@@ -97,7 +97,7 @@ def measure(url: str, repeat: int) -> list[tuple[str, float, float]]:
         ("dlq list --status dead", lambda: store.listing(Filter(status="dead"), page_size=50)),
         ("dlq list --task T", lambda: store.listing(Filter(task=some_task), page_size=50)),
         (
-            "dlq list --reason poison --since 1d",
+            "dlq list --failure-reason poison --since 1d",
             lambda: store.listing(
                 Filter(reason="poison", since=dt.datetime.now(dt.UTC) - dt.timedelta(days=1))
             ),

@@ -8,13 +8,16 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
+import click
 import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner
 
 from jobs_platform import create_app
 from jobs_platform.cli.db import db as db_group
-from jobs_platform.cli.dlq import dlq, parse_since
+from jobs_platform.cli.dlq import dlq
+from jobs_platform.cli.options import parse_since
+from jobs_platform.deadletter.model import REASONS
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.store import DeadLetterStore
 
@@ -111,6 +114,7 @@ def test_replay_refuses_redacted_rows_unless_allowed(app: Any, sqlite_url: str) 
     store = DeadLetterStore(sqlite_url)
     [row_id] = seed(store, "a.task", 1, redacted=True)
     out = run(app, dlq, "replay", str(row_id), "--reason", "fixed", "--dry-run", "--json")
+    assert out.exit_code == 1  # a refusal, even in a dry run
     assert json.loads(out.stdout)["outcome"] == "refused"
     out = run(
         app,
@@ -123,6 +127,7 @@ def test_replay_refuses_redacted_rows_unless_allowed(app: Any, sqlite_url: str) 
         "--json",
         "--allow-redacted",
     )
+    assert out.exit_code == 0
     assert json.loads(out.stdout)["outcome"] == "would_replay"
 
 
@@ -131,11 +136,16 @@ def test_purge_keeps_unresolved_rows_unless_asked(app: Any, sqlite_url: str) -> 
     store = DeadLetterStore(sqlite_url)
     old = seed(store, "a.task", 2, days=40)
     store.discard([old[0]], reason="x", actor="ann")
-    out = run(app, dlq, "purge", "--older-than", "30d")
+    unjustified = run(app, dlq, "purge", "--older-than", "30d")
+    assert unjustified.exit_code == 2 and "--reason" in unjustified.stderr
+    why = ("--reason", "retention", "--actor", "cron")
+    out = run(app, dlq, "purge", "--older-than", "30d", *why)
     assert out.exit_code == 0 and "deleted 1 row" in out.output
+    assert "(reason: retention; by cron)" in out.output
     assert store.get(old[0]) is None and store.get(old[1]) is not None
-    assert "deleted 1 row" in run(app, dlq, "purge", "--older-than", "30d", "--include-dead").output
-    assert run(app, dlq, "purge", "--older-than", "soon").exit_code == 2
+    everything = run(app, dlq, "purge", "--older-than", "30d", "--include-dead", *why)
+    assert "deleted 1 row" in everything.output
+    assert run(app, dlq, "purge", "--older-than", "soon", *why).exit_code == 2
 
 
 def test_parse_since() -> None:
@@ -155,3 +165,22 @@ def test_reading_commands_never_migrate_and_say_how_to(app: Any, sqlite_url: str
         assert sa.inspect(conn).get_table_names() == []  # nothing was created
     assert run(app, db_group, "upgrade").exit_code == 0
     assert run(app, dlq, "list", "--json").exit_code == 0
+
+
+def test_one_option_name_per_meaning() -> None:
+    """``--failure-reason`` is the only filter by why a job died; ``--reason`` only justifies."""
+    selecting = {"list", "stats", "replay", "discard"}
+    for name, command in dlq.commands.items():
+        options = {opt: p for p in command.params for opt in p.opts}
+        if name in selecting:
+            failure = options["--failure-reason"]
+            assert isinstance(failure.type, click.Choice), name
+            assert tuple(failure.type.choices) == REASONS, name
+        else:
+            assert "--failure-reason" not in options, name
+        reason = options.get("--reason")
+        if name in ("replay", "discard", "purge"):
+            assert reason is not None and reason.required and not reason.hidden, name
+        elif reason is not None:  # the old filter name: hidden, and only an error
+            assert isinstance(reason, click.Option) and reason.hidden, name
+            assert not reason.expose_value, name
