@@ -10,6 +10,7 @@ visibility timeout in every place kombu reads it, with a short restore sweep.
 from __future__ import annotations
 
 import datetime as dt
+from functools import cached_property
 from typing import Any
 
 from celery import Celery
@@ -21,7 +22,7 @@ from jobs_platform.errors import ConfigError
 from jobs_platform.idempotency import unique
 from jobs_platform.routing import QUEUE_NAMES, Router
 from jobs_platform.settings import Settings
-from jobs_platform.startup import RefuseUnsafePool
+from jobs_platform.startup import RefuseUnsafePool, with_queue_check
 
 
 class JobsCelery(Celery):  # type: ignore[misc]
@@ -36,7 +37,22 @@ class JobsCelery(Celery):  # type: ignore[misc]
         opts.setdefault("lazy", False)
         # Not shared: a task declared on one app must not appear in every other app.
         opts.setdefault("shared", False)
-        return super().task(*args, **opts)
+        from jobs_platform.task import check_task_options
+
+        decorate = super().task(*args, **opts)
+        if args:  # bare @app.task: no options to check
+            return decorate
+
+        def checked(fun: Any) -> Any:
+            label = opts.get("name") or f"{fun.__module__}.{fun.__qualname__}"
+            check_task_options(opts, task=repr(label))
+            return decorate(fun)
+
+        return checked
+
+    @cached_property
+    def Worker(self) -> Any:
+        return with_queue_check(super().Worker)
 
     def finalize(self, auto: bool = False) -> None:
         super().finalize(auto=auto)
@@ -68,18 +84,38 @@ class JobsCelery(Celery):  # type: ignore[misc]
 
 def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
     """The pinned Celery configuration for ``settings``."""
+    # A dispatch to an unreachable broker fails within dispatch_timeout (T): each connect
+    # attempt gets T/4; a publish makes at most 3 attempts 0.2 s apart; the result backend
+    # (subscribed before the publish) retries until T/2. Celery's defaults wait ~20 s.
+    timeout = settings.dispatch_timeout
     transport = {
         "visibility_timeout": settings.visibility_timeout,
         # kombu sweeps expired unacked messages every interval x throttle seconds (~100 s
         # by default); a throttle of 1 makes the interval the real sweep period.
         "unacked_restore_interval": settings.unacked_restore_interval,
         "unacked_restore_throttle": 1,
+        "socket_connect_timeout": timeout / 4,
+    }
+    backend_retry = {
+        "max_retries": 100,
+        "interval_start": 0,
+        "interval_step": 0.2,
+        "interval_max": 0.5,
+        "timeout": timeout / 2,
     }
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend_url,
         "broker_transport_options": dict(transport),
-        "result_backend_transport_options": dict(transport),
+        "result_backend_transport_options": {**transport, "retry_policy": backend_retry},
+        "redis_socket_connect_timeout": timeout / 4,
+        "broker_connection_timeout": timeout,
+        "task_publish_retry_policy": {
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.2,
+        },
         "broker_connection_retry_on_startup": True,
         # Serialisation: JSON in both directions; pickle would execute attacker-chosen code.
         "task_serializer": "json",

@@ -80,6 +80,7 @@ def check_delay(
         raise DispatchError(
             f"{task_name}: a delay of {delay_s:g} s plus its time_limit {hard_limit_s:g} s is not "
             f"below the visibility timeout minus margin ({budget:g} s); the Redis broker would "
-            "deliver it more than once. Use a scheduled (database-backed) job for the distant "
-            "future."
+            "deliver it more than once. For a longer wait, store the due time in your own "
+            "table and enqueue due jobs from a periodic task (celery beat), or raise "
+            "JOBS_VISIBILITY_TIMEOUT (a killed worker's jobs then come back only after it)."
         )

@@ -3,13 +3,16 @@
 Precedence: ``create_app(**overrides)`` > environment (``JOBS_<NAME>``) > the default here.
 Reliability settings that must not vary between workers (serialisation, acks, the
 visibility timeout) are pinned in :mod:`jobs_platform.app`, not read from worker flags.
-``markdown_table()`` renders this table for the README (a unit test keeps them in step).
+``markdown_table()`` renders this table for ``docs/settings.md`` (``docs/generate.py`` writes
+it there; a unit test keeps them in step).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -17,8 +20,10 @@ from typing import Any
 from jobs_platform.errors import ConfigError
 from jobs_platform.invariants import check_visibility
 from jobs_platform.retry.policy import RetryPolicy
+from jobs_platform.urls import BROKER_SCHEMES, check_broker_url
 
 ENV_PREFIX = "JOBS_"
+logger = logging.getLogger("jobs_platform.settings")
 
 
 def _knob(default: Any, unit: str, doc: str) -> Any:
@@ -31,7 +36,16 @@ def _knob(default: Any, unit: str, doc: str) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    broker_url: str = _knob("redis://127.0.0.1:6379/0", "URL", "Celery broker (Redis).")
+    broker_url: str = _knob(
+        "redis://127.0.0.1:6379/0",
+        "URL",
+        "Celery broker: `redis://` or `rediss://` `[user:password@]host[:port][/db]`.",
+    )
+    dispatch_timeout: float = _knob(
+        5.0,
+        "s",
+        "How long `.delay()` waits for an unreachable broker before raising DispatchError.",
+    )
     result_backend: str = _knob("", "URL", "Result backend; empty means the broker URL.")
     database_url: str = _knob(
         "sqlite:///jobs_platform.sqlite3",
@@ -77,8 +91,8 @@ class Settings:
         True,
         "bool",
         "Send task events (Flower and other event consumers see every task). "
-        "They cost ~0.5 ms of worker CPU per task: off, short tasks run ~1.3x faster "
-        "(see `make bench`), but Flower shows nothing.",
+        "They cost ~0.5-0.8 ms of worker CPU per task: off, short tasks run faster "
+        "(docs/benchmarks.md), but Flower shows nothing.",
     )
     result_expires: float = _knob(86400.0, "s", "How long task results are kept.")
     auto_migrate: bool = _knob(
@@ -127,6 +141,11 @@ class Settings:
     def __post_init__(self) -> None:
         from jobs_platform.routing import check_queue
 
+        check_broker_url(self.broker_url, setting=env_name("broker_url"))
+        if self.result_backend.split("://", 1)[0] in BROKER_SCHEMES:
+            check_broker_url(self.result_backend, setting=env_name("result_backend"))
+        if self.dispatch_timeout <= 0:
+            raise ConfigError("dispatch_timeout must be > 0 seconds")
         check_visibility(
             visibility_timeout_s=self.visibility_timeout, margin_s=self.visibility_margin
         )
@@ -165,6 +184,7 @@ class Settings:
         unknown = sorted(set(overrides) - set(known))
         if unknown:
             raise ConfigError(f"unknown setting(s) {unknown}; known: {sorted(known)}")
+        _warn_near_misses(environ, known)
         values: dict[str, Any] = {}
         for name, field in known.items():
             if name in overrides:
@@ -176,6 +196,23 @@ class Settings:
 
 def env_name(name: str) -> str:
     return ENV_PREFIX + name.upper()
+
+
+def _warn_near_misses(environ: Mapping[str, str], known: Mapping[str, object]) -> None:
+    """Warn about ``JOBS_*`` variables that are not settings but look like one (a typo is
+    otherwise silently ignored and the default applies)."""
+    names = [env_name(name) for name in known]
+    for variable in sorted(environ):
+        if not variable.startswith(ENV_PREFIX) or variable in names:
+            continue
+        close = difflib.get_close_matches(variable, names, n=1, cutoff=0.8)
+        if close:
+            logger.warning(
+                "%s is not a jobs-platform setting and is ignored; did you mean %s?",
+                variable,
+                close[0],
+                extra={"event": "jobs.settings.unknown_env"},
+            )
 
 
 def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
@@ -201,7 +238,7 @@ def _parse(field: dataclasses.Field[Any], raw: str) -> Any:
 
 
 def markdown_table() -> str:
-    """The settings table as Markdown, for the README."""
+    """The settings table as Markdown, for ``docs/settings.md``."""
     rows = ["| Setting (env) | Type | Default | Unit | Meaning |", "|---|---|---|---|---|"]
     for field in dataclasses.fields(Settings):
         default = getattr(Settings(), field.name)
@@ -211,6 +248,6 @@ def markdown_table() -> str:
             shown = f"`{default}`" if default != "" else "(empty)"
         rows.append(
             f"| `{env_name(field.name)}` | {field.type} | {shown} | "
-            f"{field.metadata['unit']} | {field.metadata['doc']} |"
+            f"{field.metadata['unit']} | {field.metadata['doc'].replace('|', chr(92) + '|')} |"
         )
     return "\n".join(rows)

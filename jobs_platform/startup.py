@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from celery import bootsteps
+from celery.utils.text import str_to_list
 
 from jobs_platform.errors import ConfigError
 
@@ -47,3 +48,26 @@ class RefuseUnsafePool(bootsteps.Step):  # type: ignore[misc]
                 "unacknowledged behind a running task and can outlive the visibility timeout; "
                 "jobs-platform pins it to 1"
             )
+
+
+def with_queue_check(worker_cls: Any) -> Any:
+    """``worker_cls`` refusing ``-Q`` names that are not declared, naming the ones that are.
+
+    Celery's own message suggests enabling ``task_create_missing_queues``, which the platform
+    pins off (a typo must not create a queue that nothing routes to).
+    """
+
+    class Worker(worker_cls):  # type: ignore[misc]
+        def setup_queues(self, include: Any, exclude: Any = None) -> None:
+            declared = list(self.app.amqp.queues)
+            named = [*(str_to_list(include) or ()), *(str_to_list(exclude) or ())]
+            unknown = [q for q in named if q not in declared]
+            if unknown:
+                raise ConfigError(
+                    f"-Q/-X {', '.join(unknown)}: no such queue; the queues are "
+                    f"{', '.join(declared)} (queues are declared by jobs-platform, never "
+                    "created on the fly)"
+                )
+            super().setup_queues(include, exclude)
+
+    return Worker

@@ -16,6 +16,7 @@ They are validated when the task is declared.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import inspect
 import logging
 from typing import Any, ClassVar
@@ -33,7 +34,8 @@ from jobs_platform.profiles import PROFILES
 from jobs_platform.retry import classify
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
-from jobs_platform.routing import check_queue
+from jobs_platform.routing import QUEUE_NAMES, check_queue
+from jobs_platform.urls import masked
 
 logger = logging.getLogger("jobs_platform.task")
 
@@ -42,6 +44,40 @@ _MISSING: Any = object()
 _PINNED = {"acks_late": True, "reject_on_worker_lost": True, "retry_on_worker_lost": True}
 #: Celery options that would bypass classification.
 _REFUSED = ("autoretry_for", "dont_autoretry_for", "retry_kwargs")
+#: Options ReliableTask adds to Celery's (a near miss of one of these is refused).
+RELIABLE_OPTIONS = frozenset(
+    {
+        "queue",
+        "max_retries",
+        "retry_backoff",
+        "retry_backoff_max",
+        "retry_jitter",
+        "retry_unknown_errors",
+        "transient_errors",
+        "permanent_errors",
+        "classifier",
+        "rng",
+        "business_key",
+        "unique_for",
+        "time_limit",
+        "soft_time_limit",
+    }
+)
+#: Keyword arguments of ``@app.task`` that are not Task attributes.
+DECORATOR_OPTIONS = frozenset(
+    {
+        "base",
+        "bind",
+        "name",
+        "lazy",
+        "shared",
+        "filter",
+        "pydantic",
+        "pydantic_strict",
+        "pydantic_context",
+        "pydantic_dump_kwargs",
+    }
+)
 
 
 class ReliableTask(celery.Task):  # type: ignore[misc]
@@ -87,7 +123,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     def bind(cls, app: Any) -> Any:
         # Celery deprecates a `queue` class attribute in favour of task_routes, so we move the
         # declared queue into the app's routing table (data) before Celery looks at it.
-        if "queue" in cls.__dict__:
+        if cls is not ReliableTask and "queue" in cls.__dict__:
             cls._declared_queue = cls.__dict__["queue"]
             delattr(cls, "queue")
         bound = super().bind(app)
@@ -174,6 +210,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 "jobs_platform.create_app(); the reliability settings would not be pinned"
             )
         cls._check_refused_and_pinned()
+        cls._check_option_names()
         policy = cls._resolve_policy(settings)
         queue = cls._resolve_queue(app)
 
@@ -213,6 +250,29 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         cls.business_key, cls.unique_for = unique.check_declaration(
             cls.name, cls.run, option("business_key", ()), option("unique_for", None)
         )
+        if "__header__" not in vars(cls):
+            # Celery gives decorated tasks an argument checker but not class-based ones; without
+            # it `X.delay(1, "t", 3)` is enqueued and only fails (dead-lettered) in the worker.
+            cls.__header__ = staticmethod(
+                _named_checker(cls.name, app.type_checker(cls.run, bound=True))
+            )
+
+    @classmethod
+    def _check_option_names(cls) -> None:
+        """Refuse class attributes that look like a misspelt option (``transient_error``)."""
+        for attr, value in vars(cls).items():
+            if attr.startswith("_") or callable(value) or attr in TASK_OPTIONS:
+                continue
+            hint = difflib.get_close_matches(attr, sorted(RELIABLE_OPTIONS), n=1, cutoff=0.8)
+            if hint:
+                raise ConfigError(
+                    f"task {cls.name!r}: {attr!r} is not a task option; did you mean {hint[0]!r}?"
+                )
+
+    @property
+    def queue(self) -> str:
+        """The queue this task is routed to (declared, or from ``JOBS_ROUTES``)."""
+        return self.queue_class
 
     @property
     def idempotency_key(self) -> str:
@@ -224,6 +284,14 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     # -- dispatch ------------------------------------------------------------------------------
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        if options.get("queue") is not None:
+            queue = options["queue"]
+            name = getattr(queue, "name", queue)  # a kombu Queue or its name
+            if name not in QUEUE_NAMES:
+                raise DispatchError(
+                    f"{self.name}: unknown queue {name!r}; the known queues are "
+                    f"{', '.join(QUEUE_NAMES)}"
+                )
         delay_s = _delay_seconds(options.get("countdown"), options.get("eta"))
         if delay_s is not None:
             settings = self.app.jobs_settings
@@ -244,6 +312,15 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         except EncodeError as exc:
             raise DispatchError(
                 f"{self.name}: arguments must be JSON-serialisable ({exc}); pass IDs, not objects"
+            ) from exc
+        except Exception as exc:
+            if not _caused_by_connection_error(exc):
+                raise
+            settings = self.app.jobs_settings
+            raise DispatchError(
+                f"{self.name}: the broker at {masked(settings.broker_url)} did not answer within "
+                f"{settings.dispatch_timeout:g} s (JOBS_DISPATCH_TIMEOUT); nothing was enqueued: "
+                f"{_root_message(exc)}"
             ) from exc
 
     # -- execution -----------------------------------------------------------------------------
@@ -273,7 +350,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             ),
         )
         if isinstance(decision, classify.Fail):
-            exc.jobs_outcome = "permanent"  # type: ignore[attr-defined]
+            _record_failure(request, exc, number, "permanent")
             logger.warning(
                 "%s[%s] failed permanently on attempt %d: %s (%s)",
                 self.name,
@@ -285,7 +362,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             )
             return
         if request.retries >= self.max_retries:
-            exc.jobs_outcome = "exhausted"  # type: ignore[attr-defined]
+            _record_failure(request, exc, number, "exhausted")
             logger.warning(
                 "%s[%s] gave up after %d attempts: %s",
                 self.name,
@@ -314,7 +391,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             # broker was unreachable, requeue the message (it comes back when the broker does)
             # instead of dropping it; any other publish error would fail the same way again,
             # so it stays a rejection, which the dead-letter table records.
-            if _is_connection_error(publish_failed.reason):
+            if _caused_by_connection_error(publish_failed.reason):
                 raise Reject(publish_failed.reason, requeue=True) from exc
             raise
 
@@ -347,6 +424,54 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         )
 
 
+#: Request attribute holding the final failure as the task body raised it. Celery swaps an
+#: exception it cannot pickle (urllib's HTTPError, httpx's HTTPStatusError) for a stand-in
+#: before ``task_failure`` fires; the dead-letter receiver reads this instead.
+FAILURE_ATTR = "jobs_failure"
+
+
+def _record_failure(request: Any, exc: BaseException, attempt: int, outcome: str) -> None:
+    info = history.describe(exc, attempt)
+    info["status"] = classify.http_status(exc)
+    info["outcome"] = outcome
+    setattr(request, FAILURE_ATTR, info)
+
+
+#: Every name a task declaration may set: Celery's Task attributes, ours, the decorator's.
+TASK_OPTIONS = frozenset(
+    {name for name in dir(ReliableTask) if not name.startswith("_")}
+    | RELIABLE_OPTIONS
+    | DECORATOR_OPTIONS
+    | set(_REFUSED)  # refused later with a message of their own
+)
+
+
+def check_task_options(names: Any, *, task: str) -> None:
+    """Refuse ``@app.task(...)`` options that no task reads, with a "did you mean" hint.
+
+    Celery turns every keyword into a class attribute, so ``transient_error=(X,)`` would be
+    silently ignored and X never retried.
+    """
+    for name in names:
+        if name in TASK_OPTIONS:
+            continue
+        hint = difflib.get_close_matches(name, sorted(TASK_OPTIONS), n=1, cutoff=0.6)
+        suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
+        raise ConfigError(f"task {task}: unknown option {name!r}{suggestion}")
+
+
+def _named_checker(task: str, check: Any) -> Any:
+    """``check`` (Celery's argument checker) with the task's name in its TypeError."""
+
+    def check_arguments(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return check(*args, **kwargs)
+        except TypeError as exc:
+            raise TypeError(f"{task}: {exc}") from None
+
+    return check_arguments
+
+
 def _is_connection_error(exc: object) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError | OperationalError) or any(
         f"{cls.__module__}.{cls.__qualname__}" in _BROKER_DOWN for cls in type(exc).__mro__
@@ -354,6 +479,25 @@ def _is_connection_error(exc: object) -> bool:
 
 
 _BROKER_DOWN = frozenset({"redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError"})
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (Celery wraps a
+    refused connection in a RuntimeError about its result store)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _caused_by_connection_error(exc: BaseException) -> bool:
+    return any(_is_connection_error(link) for link in _causes(exc))
+
+
+def _root_message(exc: BaseException) -> str:
+    return str(_causes(exc)[-1]).strip() or type(exc).__name__
 
 
 def _delay_seconds(countdown: Any, eta: Any) -> float | None:

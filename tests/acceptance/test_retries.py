@@ -52,11 +52,7 @@ def test_always_failing_runs_max_retries_plus_one_then_fails_once(
     assert wait_state(result, {"FAILURE"}) == "FAILURE"
     assert isinstance(result.result, ConnectionError)  # the original exception, not MaxRetries
     assert len(runs(redis_client, k)) == 4
-    failures = wait_for(
-        lambda: redis_client.lrange(f"jptest:failures:{result.id}", 0, -1),
-        timeout_s=10,
-        message="task_failure",
-    )
+    failures = failures_recorded(redis_client, result.id)
     # Once acknowledged, no copy of the job is left anywhere in the broker (queues, priority
     # sub-lists, messages fetched or held for a countdown), so no fifth run and no second
     # failure can come later.
@@ -78,9 +74,7 @@ def test_permanent_error_runs_once(
     result = getattr(test_app, task_name).delay(k)
     assert wait_state(result, {"FAILURE"}) == "FAILURE"
     assert len(runs(redis_client, k)) == 1
-    assert redis_client.lrange(f"jptest:failures:{result.id}", 0, -1) == [
-        type(result.result).__name__
-    ]
+    assert failures_recorded(redis_client, result.id) == [type(result.result).__name__]
 
 
 def test_subclass_with_run_retries_and_succeeds(
@@ -100,7 +94,7 @@ def test_subclass_exhausts_after_max_retries(
     result = test_app.class_flaky.delay(k, 99)
     assert wait_state(result, {"FAILURE"}) == "FAILURE"
     assert len(runs(redis_client, k)) == 4
-    assert redis_client.lrange(f"jptest:failures:{result.id}", 0, -1) == ["ConnectionResetError"]
+    assert failures_recorded(redis_client, result.id) == ["ConnectionResetError"]
 
 
 def test_retries_keep_queue_and_priority(
@@ -110,3 +104,15 @@ def test_retries_keep_queue_and_priority(
     assert test_app.flaky.apply_async((k, 2), priority=6).get(timeout=30) == "ok"
     records = runs(redis_client, k)
     assert [(r["queue"], r["priority"]) for r in records] == [("fast", 6)] * 3
+
+
+def failures_recorded(client: redis.Redis, task_id: str) -> list[str]:
+    """The task_failure signals recorded for ``task_id``. Celery stores FAILURE before it
+    sends the signal, so the result state alone does not mean the signal has fired."""
+    return list(
+        wait_for(
+            lambda: client.lrange(f"jptest:failures:{task_id}", 0, -1),
+            timeout_s=10,
+            message=f"task_failure of {task_id}",
+        )
+    )
