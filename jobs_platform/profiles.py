@@ -8,9 +8,40 @@ are applied to each task at declaration, so they are pinned in code, not in work
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+from collections.abc import Sequence
+from pathlib import Path
 
 from jobs_platform.routing import check_queue
+
+
+def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """CPUs this process may really use: the affinity mask, capped by a cgroup CPU quota.
+
+    ``os.cpu_count()`` is the host's count; in a container limited to 2 CPUs on a 64-core
+    host it would start 64 heavy processes that then fight over 2 CPUs.
+    """
+    count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = _cgroup_quota(cgroup_root)
+    if quota is not None:
+        count = min(count or 1, max(1, math.ceil(quota)))
+    return max(1, count or 1)
+
+
+def _cgroup_quota(root: Path) -> float | None:
+    """The CPU quota in CPUs (cgroup v2 ``cpu.max``, else v1 cfs files), or None if unlimited."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +71,7 @@ PROFILES: dict[str, WorkerProfile] = {
     "heavy": WorkerProfile(
         queue="heavy",
         pool="prefork",
-        concurrency=max(1, os.cpu_count() or 1),
+        concurrency=available_cpus(),
         prefetch_multiplier=1,
         max_tasks_per_child=100,
         soft_time_limit_s=540,
@@ -62,17 +93,39 @@ PROFILES: dict[str, WorkerProfile] = {
 }
 
 
+#: ``celery worker`` options a profile decides; passing them through would contradict it.
+PROFILE_OPTIONS = frozenset({"-Q", "--queues", "-P", "--pool", "--prefetch-multiplier"})
+
+
 def worker_argv(
-    app: str, queue: str, *, hostname: str | None = None, loglevel: str = "INFO"
+    app: str,
+    queue: str,
+    *,
+    hostname: str | None = None,
+    loglevel: str = "INFO",
+    concurrency: int | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
-    """The ``celery worker`` command line for ``queue``'s profile."""
+    """The ``celery worker`` command line for ``queue``'s profile.
+
+    ``app`` is the ``-A`` value exactly as the user gave it (a module path such as
+    ``myproj.jobs``); ``extra`` options go through to ``celery worker`` unchanged.
+    """
     profile = PROFILES[check_queue(queue, what="worker profile")]
+    clashing = sorted({arg.split("=", 1)[0] for arg in extra} & PROFILE_OPTIONS)
+    if clashing:
+        raise ValueError(
+            f"{', '.join(clashing)}: the {queue!r} profile decides the queue, pool and "
+            "prefetch; start another profile or change the profile instead"
+        )
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     # fmt: off
     argv = [
         "celery", "-A", app, "worker",
         "-Q", profile.queue,
         "-P", profile.pool,
-        "-c", str(profile.concurrency),
+        "-c", str(concurrency or profile.concurrency),
         "--prefetch-multiplier", str(profile.prefetch_multiplier),
         "-n", hostname or f"{profile.queue}@%h",
         "-l", loglevel,
@@ -83,4 +136,4 @@ def worker_argv(
     # fmt: on
     if profile.max_tasks_per_child:
         argv += ["--max-tasks-per-child", str(profile.max_tasks_per_child)]
-    return argv
+    return argv + list(extra)

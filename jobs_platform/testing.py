@@ -170,7 +170,7 @@ class WorkerProcess:
 
     @classmethod
     def for_profile(cls, app: str, queue: str, **kwargs: object) -> WorkerProcess:
-        """A worker started exactly as the README's per-queue command (its profile)."""
+        """A worker started exactly as ``worker-profile`` starts it (docs/operations.md)."""
         from jobs_platform.profiles import worker_argv
 
         hostname = str(kwargs.pop("hostname", None) or f"{queue}-{uuid.uuid4().hex[:6]}@demo")

@@ -4,7 +4,7 @@ Conventions: pass IDs, not objects (a queued message outlives the object it name
 one verb per task; every task declares its queue; side effects are idempotent (a
 deterministic output path, a status compare-and-swap, a downstream idempotency key).
 
-Start a worker per queue with ``celery -A tasks worker-profile fast`` (see the README).
+Start a worker per queue with ``celery -A tasks worker-profile fast`` (see docs/operations.md).
 """
 
 from jobs_platform import create_app

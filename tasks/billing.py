@@ -1,6 +1,6 @@
 """thirdparty + fast queues: charge an invoice exactly once, email its receipt exactly once.
 
-This is the way to write a side-effecting task (see the README):
+This is the way to write a side-effecting task (see docs/side-effects.md):
 
 1. The charge is guarded by a status compare-and-swap on the invoice row
    (``open -> charging -> paid``), committed before the gateway is called: a duplicate

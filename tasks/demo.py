@@ -217,7 +217,7 @@ def show_billing(report: dict[str, Any]) -> bool:
 
 
 def dead_letters(app: Any, jobs: list[Job], procs: list[WorkerProcess], partner: Any) -> bool:
-    from jobs_platform.deadletter.demo import show_and_replay
+    from tasks.demo_deadletters import show_and_replay
 
     failed = [j for j in jobs if j.expected == "FAILURE"]
     exhausted = next(j for j in failed if j.expected_attempts and j.expected_attempts > 1)

@@ -7,7 +7,6 @@ works after the demo.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,17 +18,7 @@ from jobs_platform import db
 from jobs_platform.deadletter import replay as replaying
 from jobs_platform.deadletter.alerts import EVENT
 from jobs_platform.deadletter.store import DeadLetterStore
-
-
-def _wait(predicate: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            if not value:
-                raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-            return value
-        time.sleep(0.1)
+from jobs_platform.testing import wait_for
 
 
 def show_and_replay(
@@ -53,14 +42,14 @@ def show_and_replay(
     if settings.auto_migrate:
         db.upgrade(settings.database_url)
     store = DeadLetterStore(settings.database_url)
-    rows = _wait(
+    rows = wait_for(
         lambda: (
             [r[0] for r in map(store.by_task_id, failed_task_ids) if r]
             if all(store.by_task_id(t) for t in failed_task_ids)
             else None
         ),
-        timeout_s,
-        "a dead letter per failed job",
+        timeout_s=timeout_s,
+        message="a dead letter per failed job",
     )
     table = Table(title=f"Dead letters ({settings.database_url})")
     for name in ("id", "task", "queue", "reason", "attempts", "errors (in order)", "fingerprint"):
@@ -121,10 +110,10 @@ def _replay(
         f"(a second replay of the same row enqueued {'nothing' if again is None else again})"
     )
     result = app.AsyncResult(new_id)
-    state = _wait(
+    state = wait_for(
         lambda: result.state if result.state in {"SUCCESS", "FAILURE"} else None,
-        timeout_s,
-        f"replayed task {new_id}",
+        timeout_s=timeout_s,
+        message=f"replayed task {new_id}",
     )
     parent = store.get(row["id"]) or {}
     console.print(
@@ -132,7 +121,11 @@ def _replay(
         f"-> {parent.get('replayed_task_id')}"
     )
     if state == "FAILURE":
-        [child] = _wait(lambda: store.by_task_id(new_id), timeout_s, "the replay's dead letter")
+        [child] = wait_for(
+            lambda: store.by_task_id(new_id),
+            timeout_s=timeout_s,
+            message="the replay's dead letter",
+        )
         console.print(
             f"it died again: dead letter {child['id']} has replay_of={child['replay_of']}"
         )

@@ -323,7 +323,7 @@ def test_replay_of_a_fixed_job_links_lineage_and_enqueues_once(
     again = cli(
         app_module.app, module_pg_url, "replay", str(second["id"]), "--reason", "x", "--json"
     )
-    assert again.exit_code == 0
+    assert again.exit_code == 1  # a refusal
     assert json.loads(again.stdout) == {"id": second["id"], "outcome": "already_resolved"}
     assert store.get(second["id"])["replayed_task_id"] == final_id  # type: ignore[index]
 
@@ -397,7 +397,7 @@ def test_celery_cli_lists_dead_letters_as_json(
             "--json",
             "--task",
             "dlq.permanent",
-            "--reason",
+            "--failure-reason",
             "permanent",
         ],
         env={**os.environ, **env},
@@ -436,7 +436,7 @@ def test_demo_helper_shows_rows_alerts_and_a_replay(
 
     from rich.console import Console
 
-    from jobs_platform.deadletter.demo import show_and_replay
+    from tasks.demo_deadletters import show_and_replay
 
     key = uuid.uuid4().hex
     failed = [app_module.permanent.delay("demo").id, app_module.fixable.delay(key).id]
