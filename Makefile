@@ -19,8 +19,8 @@ services:
 	@bash ops/ensure-services.sh
 
 lint: install
-	$(BIN)/ruff check jobs_platform tasks tests bench
-	$(BIN)/ruff format --check jobs_platform tasks tests bench
+	$(BIN)/ruff check jobs_platform tasks tests bench docs/generate.py
+	$(BIN)/ruff format --check jobs_platform tasks tests bench docs/generate.py
 
 typecheck: install
 	$(BIN)/mypy

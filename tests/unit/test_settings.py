@@ -1,14 +1,10 @@
-"""The settings table: precedence, parsing, validation, and the README copy."""
+"""The settings table: precedence, parsing, validation (its documentation: test_docs.py)."""
 
 from __future__ import annotations
-
-import dataclasses
-from pathlib import Path
 
 import pytest
 
 from jobs_platform import ConfigError, Settings
-from jobs_platform.settings import env_name, markdown_table
 
 
 def test_defaults() -> None:
@@ -53,11 +49,3 @@ def test_bad_values_are_refused_clearly(env: dict[str, str], message: str) -> No
 def test_unknown_override_is_refused_with_the_known_names() -> None:
     with pytest.raises(ConfigError, match=r"unknown setting.*visibilty_timeout.*known"):
         Settings.load(environ={}, visibilty_timeout=10)
-
-
-def test_every_setting_has_unit_doc_and_appears_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    for field in dataclasses.fields(Settings):
-        assert field.metadata["unit"] and field.metadata["doc"], field.name
-        assert f"`{env_name(field.name)}`" in readme, f"{env_name(field.name)} missing from README"
-    assert markdown_table().count("\n") == len(dataclasses.fields(Settings)) + 1
