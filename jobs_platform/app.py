@@ -19,6 +19,7 @@ from kombu import Exchange, Queue
 from jobs_platform.deadletter import CONSUMER as DEAD_LETTER_CONSUMER
 from jobs_platform.deadletter import install as install_dead_letters
 from jobs_platform.errors import ConfigError
+from jobs_platform.history import qualified_name
 from jobs_platform.idempotency import unique
 from jobs_platform.routing import QUEUE_NAMES, Router
 from jobs_platform.settings import Settings
@@ -44,7 +45,7 @@ class JobsCelery(Celery):  # type: ignore[misc]
             return decorate
 
         def checked(fun: Any) -> Any:
-            label = opts.get("name") or f"{fun.__module__}.{fun.__qualname__}"
+            label = opts.get("name") or qualified_name(fun)
             check_task_options(opts, task=repr(label))
             return decorate(fun)
 

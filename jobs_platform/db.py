@@ -43,6 +43,24 @@ _lock = threading.Lock()
 _engines: dict[tuple[int, str], sa.Engine] = {}
 
 
+def insert_ignoring(
+    conn: sa.Connection, table: sa.Table, values: dict[str, Any], *, unique: list[str]
+) -> Any:
+    """``INSERT ... ON CONFLICT (unique) DO NOTHING`` for the dialects the platform supports.
+
+    The platform's exactly-once writes (one dead letter per job, one claim per key) rest on
+    a UNIQUE constraint doing the arbitration, never on a read-then-write.
+    """
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    dialect = conn.dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=unique)
+    if dialect == "sqlite":
+        return sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=unique)
+    raise ConfigError(f"the platform's tables need PostgreSQL or SQLite, not {dialect}")
+
+
 def engine_for(url: str) -> sa.Engine:
     """The engine for ``url`` in this process (created on first use)."""
     key = (os.getpid(), url)

@@ -120,20 +120,45 @@ def worker_argv(
         )
     if concurrency is not None and concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    extra_flags = list(extra)
+    if profile.max_tasks_per_child:
+        extra_flags = ["--max-tasks-per-child", str(profile.max_tasks_per_child), *extra_flags]
+    return celery_worker_argv(
+        app,
+        [profile.queue],
+        pool=profile.pool,
+        concurrency=concurrency or profile.concurrency,
+        prefetch_multiplier=profile.prefetch_multiplier,
+        hostname=hostname or f"{profile.queue}@%h",
+        loglevel=loglevel,
+        extra=extra_flags,
+    )
+
+
+def celery_worker_argv(
+    app: str,
+    queues: Sequence[str],
+    *,
+    pool: str,
+    concurrency: int,
+    prefetch_multiplier: int,
+    hostname: str,
+    loglevel: str = "INFO",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The one place a ``celery worker`` command line is spelt (profiles and tests use it)."""
     # fmt: off
-    argv = [
+    return [
         "celery", "-A", app, "worker",
-        "-Q", profile.queue,
-        "-P", profile.pool,
-        "-c", str(concurrency or profile.concurrency),
-        "--prefetch-multiplier", str(profile.prefetch_multiplier),
-        "-n", hostname or f"{profile.queue}@%h",
+        "-Q", ",".join(queues),
+        "-P", pool,
+        "-c", str(concurrency),
+        "--prefetch-multiplier", str(prefetch_multiplier),
+        "-n", hostname,
         "-l", loglevel,
         # Gossip/mingle/heartbeat cost start-up time and broker traffic and give us nothing:
         # monitoring reads events, and redelivery is the broker's job.
         "--without-gossip", "--without-mingle", "--without-heartbeat",
+        *extra,
     ]
     # fmt: on
-    if profile.max_tasks_per_child:
-        argv += ["--max-tasks-per-child", str(profile.max_tasks_per_child)]
-    return argv + list(extra)

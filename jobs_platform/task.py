@@ -27,6 +27,7 @@ from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError, OperationalError
 
 from jobs_platform import history
+from jobs_platform.clock import as_utc, utc_iso, utcnow
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.idempotency import unique
 from jobs_platform.invariants import check_delay, check_task_limits
@@ -304,7 +305,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             )
         headers = options.get("headers") or {}
         if history.ENQUEUED_HEADER not in headers:
-            options["headers"] = {**headers, history.ENQUEUED_HEADER: history.utcnow_iso()}
+            options["headers"] = {**headers, history.ENQUEUED_HEADER: utc_iso()}
         try:
             if self.unique_for is not None:
                 return unique.dispatch_once(self, args, kwargs, options, super().apply_async)
@@ -350,7 +351,12 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             ),
         )
         if isinstance(decision, classify.Fail):
-            _record_failure(request, exc, number, "permanent")
+            history.note_final_failure(
+                request,
+                history.describe(exc, number),
+                status=classify.http_status(exc),
+                outcome="permanent",
+            )
             logger.warning(
                 "%s[%s] failed permanently on attempt %d: %s (%s)",
                 self.name,
@@ -362,7 +368,12 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             )
             return
         if request.retries >= self.max_retries:
-            _record_failure(request, exc, number, "exhausted")
+            history.note_final_failure(
+                request,
+                history.describe(exc, number),
+                status=classify.http_status(exc),
+                outcome="exhausted",
+            )
             logger.warning(
                 "%s[%s] gave up after %d attempts: %s",
                 self.name,
@@ -424,19 +435,6 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         )
 
 
-#: Request attribute holding the final failure as the task body raised it. Celery swaps an
-#: exception it cannot pickle (urllib's HTTPError, httpx's HTTPStatusError) for a stand-in
-#: before ``task_failure`` fires; the dead-letter receiver reads this instead.
-FAILURE_ATTR = "jobs_failure"
-
-
-def _record_failure(request: Any, exc: BaseException, attempt: int, outcome: str) -> None:
-    info = history.describe(exc, attempt)
-    info["status"] = classify.http_status(exc)
-    info["outcome"] = outcome
-    setattr(request, FAILURE_ATTR, info)
-
-
 #: Every name a task declaration may set: Celery's Task attributes, ours, the decorator's.
 TASK_OPTIONS = frozenset(
     {name for name in dir(ReliableTask) if not name.startswith("_")}
@@ -474,7 +472,7 @@ def _named_checker(task: str, check: Any) -> Any:
 
 def _is_connection_error(exc: object) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError | OperationalError) or any(
-        f"{cls.__module__}.{cls.__qualname__}" in _BROKER_DOWN for cls in type(exc).__mro__
+        history.qualified_name(cls) in _BROKER_DOWN for cls in type(exc).__mro__
     )
 
 
@@ -507,9 +505,7 @@ def _delay_seconds(countdown: Any, eta: Any) -> float | None:
     if eta is None:
         return None
     when: dt.datetime = dt.datetime.fromisoformat(eta) if isinstance(eta, str) else eta
-    if when.tzinfo is None:  # Celery reads naive ETAs as UTC (enable_utc is pinned)
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+    return max(0.0, (as_utc(when) - utcnow()).total_seconds())
 
 
 def _exception_types(task: str, attr: str, value: Any) -> tuple[type[BaseException], ...]:

@@ -180,29 +180,20 @@ class WorkerProcess:
     def argv(self) -> list[str]:
         if self._argv is not None:
             return self._argv
+        from jobs_platform.profiles import celery_worker_argv
+
         return [
             sys.executable,
             "-m",
-            "celery",
-            "-A",
-            self.app,
-            "worker",
-            "-Q",
-            ",".join(self.queues),
-            "-P",
-            self.pool,
-            "-c",
-            str(self.concurrency),
-            "-n",
-            self.hostname,
-            "-l",
-            "INFO",
-            "--prefetch-multiplier",
-            "1",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            *self.extra_args,
+            *celery_worker_argv(
+                self.app,
+                self.queues,
+                pool=self.pool,
+                concurrency=self.concurrency,
+                prefetch_multiplier=1,
+                hostname=self.hostname,
+                extra=self.extra_args,
+            ),
         ]
 
     def start(self, *, wait: bool = True, timeout_s: float = 60) -> WorkerProcess:

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import click
-import sqlalchemy as sa
 
 from jobs_platform import db as platform_db
 from jobs_platform.errors import ConfigError
+from jobs_platform.urls import masked
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ def upgrade(ctx: click.Context, revision: str) -> None:
     if moved is not None:
         click.echo(str(moved))
     click.echo(
-        f"database at {_shown(url)} is at revision {platform_db.current(url) or '(none)'} "
+        f"database at {masked(url)} is at revision {platform_db.current(url) or '(none)'} "
         f"(in {platform_db.VERSION_TABLE})"
     )
 
@@ -61,7 +61,7 @@ def stamp(ctx: click.Context, revision: str) -> None:
     """Record REVISION as applied without running migrations (repairs a lost version row)."""
     url = _url(ctx)
     _clear(lambda: platform_db.stamp(url, revision))
-    click.echo(f"database at {_shown(url)} is stamped at revision {platform_db.current(url)}")
+    click.echo(f"database at {masked(url)} is stamped at revision {platform_db.current(url)}")
 
 
 def _url(ctx: click.Context) -> str:
@@ -77,7 +77,3 @@ def _clear(action: Callable[[], T]) -> T:
         return action()
     except (ConfigError, CommandError) as exc:
         raise click.ClickException(str(exc)) from exc
-
-
-def _shown(url: str) -> str:
-    return sa.engine.make_url(url).render_as_string(hide_password=True)

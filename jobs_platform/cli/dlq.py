@@ -27,11 +27,12 @@ from jobs_platform.cli.options import (
     older_than_option,
     reason_moved,
 )
+from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.model import STATUSES, TABLE
-from jobs_platform.deadletter.record import utcnow
 from jobs_platform.deadletter.replay import publisher
 from jobs_platform.deadletter.sink import sink_for
 from jobs_platform.deadletter.store import DeadLetterStore, Filter
+from jobs_platform.urls import masked
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -51,21 +52,14 @@ def _store(ctx: click.Context, *, migrate: bool = False) -> DeadLetterStore:
         with store.engine.connect() as conn:
             exists = sa.inspect(conn).has_table(TABLE)
     except sa.exc.SQLAlchemyError as exc:
-        raise click.ClickException(f"cannot reach the database at {_shown(url)}: {exc}") from exc
+        raise click.ClickException(f"cannot reach the database at {masked(url)}: {exc}") from exc
     if not exists:
         raise click.ClickException(
-            f"the {TABLE} table does not exist in {_shown(url)}: "
+            f"the {TABLE} table does not exist in {masked(url)}: "
             "run `celery -A APP db upgrade` first (workers create it at start unless "
             "JOBS_AUTO_MIGRATE=0)"
         )
     return store
-
-
-def _shown(url: str) -> str:
-    try:
-        return sa.engine.make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<database url>"
 
 
 @click.group("dlq")

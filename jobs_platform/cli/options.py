@@ -20,8 +20,9 @@ from typing import Any, TypeVar
 
 import click
 
+from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.model import REASONS, STATUSES
-from jobs_platform.deadletter.record import parse_time, utcnow
+from jobs_platform.deadletter.record import parse_time
 from jobs_platform.deadletter.store import Filter
 
 F = TypeVar("F", bound=Callable[..., Any])

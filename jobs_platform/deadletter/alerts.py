@@ -20,8 +20,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.metrics import WEBHOOK_REQUESTS
-from jobs_platform.deadletter.record import DeadLetter, utcnow
+from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.process_local import per_process
 
 logger = logging.getLogger("jobs_platform.deadletter")

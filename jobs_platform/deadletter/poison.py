@@ -24,8 +24,9 @@ from celery.worker.consumer.consumer import Consumer
 from celery.worker.request import Request
 
 from jobs_platform import history
-from jobs_platform.deadletter.receiver import REPLAY_OF_HEADER, capture, handling
-from jobs_platform.deadletter.record import DeadLetter, row_id_or_none, utcnow
+from jobs_platform.clock import utcnow
+from jobs_platform.deadletter.receiver import capture, handling
+from jobs_platform.deadletter.record import DeadLetter, row_id_or_none
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -91,7 +92,7 @@ def poison_letter(message: Any, error_type: str, error: str, hostname: str | Non
     args, kwargs = _decoded_call(message)
     task_id = headers.get("id") or properties.get("correlation_id")
     tag = properties.get("delivery_tag") or delivery.get("delivery_tag") or ""
-    replay_of = headers.get(REPLAY_OF_HEADER)
+    replay_of = headers.get(history.REPLAY_OF_HEADER)
     return DeadLetter(
         reason="poison",
         task_id=str(task_id) if task_id else None,
@@ -119,8 +120,7 @@ def poison_letter(message: Any, error_type: str, error: str, hostname: str | Non
 def _type_name(exc: BaseException | None, default: str) -> str:
     if exc is None:
         return default
-    cls = type(exc)
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return history.qualified_name(type(exc))
 
 
 class DeadLetterConsumer(Consumer):  # type: ignore[misc]

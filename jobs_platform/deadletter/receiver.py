@@ -10,8 +10,9 @@ is handling, so every path sees the message's headers, queue and history.
 
 The exception ``task_failure`` receives is not always the one the task raised: Celery swaps
 one it cannot pickle (urllib's ``HTTPError``, httpx's ``HTTPStatusError``) for a stand-in
-such as ``OSError()``. When :class:`~jobs_platform.task.ReliableTask` gives up it records the
-original failure on the task's request (:data:`FAILURE_ATTR`), and that record wins.
+such as ``OSError()``. When :class:`~jobs_platform.task.ReliableTask` gives up it notes the
+original failure on the task's request (:func:`jobs_platform.history.note_final_failure`),
+and that note wins.
 
 Receivers never raise (Celery would only log it): a failure here is logged at ERROR with
 its traceback and counted as ``jobs_dead_letter_write_failures_total{stage="receiver"}``.
@@ -32,20 +33,12 @@ from celery.app.task import Context
 from celery.exceptions import Reject
 
 from jobs_platform import history
+from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.metrics import WRITE_FAILURES
-from jobs_platform.deadletter.record import DeadLetter, parse_time, row_id_or_none, utcnow
+from jobs_platform.deadletter.record import DeadLetter, parse_time, row_id_or_none
 from jobs_platform.retry.classify import http_status
 
 logger = logging.getLogger("jobs_platform.deadletter")
-
-#: The header a replay sets so that a replayed job that dies again links to its row.
-REPLAY_OF_HEADER = "jobs_replay_of"
-#: Request attribute where ReliableTask leaves the failure it gave up on, as raised:
-#: ``{"type", "message", "at", "attempt", "status", "outcome"}``. Same name as
-#: ``jobs_platform.task.FAILURE_ATTR`` (a test keeps them equal; no import: task -> here).
-FAILURE_ATTR = "jobs_failure"
-#: The outcomes ReliableTask records; anything else in the attribute is ignored.
-OUTCOMES = ("exhausted", "permanent")
 
 _local = threading.local()
 
@@ -75,16 +68,6 @@ class Origin:
     failure: dict[str, Any] | None = None
 
 
-def recorded_failure(context: Any) -> dict[str, Any] | None:
-    """The well-formed failure record on ``context``, else ``None``."""
-    info = getattr(context, FAILURE_ATTR, None)
-    if not isinstance(info, dict) or info.get("outcome") not in OUTCOMES:
-        return None
-    if not isinstance(info.get("type"), str) or not isinstance(info.get("message"), str):
-        return None
-    return info
-
-
 def origin_of(sender: Any, task_id: str | None) -> Origin:
     request = getattr(_local, "request", None)
     if request is not None and request.id == task_id:
@@ -106,7 +89,7 @@ def origin_of(sender: Any, task_id: str | None) -> Origin:
             retries=int(context.retries or 0),
             args=context.args,
             kwargs=context.kwargs,
-            failure=recorded_failure(context),
+            failure=history.final_failure(context),
         )
     return Origin(headers={}, delivery_info={}, hostname=None, retries=0)
 
@@ -139,7 +122,7 @@ def _letter(
     errors = history.errors_of(headers) + ([final] if final else [])
     delivery = origin.delivery_info
     enqueued = headers.get(history.ENQUEUED_HEADER)
-    replay_of = headers.get(REPLAY_OF_HEADER)
+    replay_of = headers.get(history.REPLAY_OF_HEADER)
     return DeadLetter(
         reason=reason,
         task_id=task_id,

@@ -16,6 +16,8 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from jobs_platform.clock import as_utc, utcnow
+
 REDACTED = "***"
 
 #: Length limits of the ``dead_letter_jobs`` string columns (see :mod:`.model`): values
@@ -40,10 +42,6 @@ _UUID = re.compile(r"\b[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{
 _HEX = re.compile(r"\b(?=[0-9a-f]*\d)[0-9a-f]{8,}\b", re.I)
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
-
-
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
 
 
 def normalise_message(message: str) -> str:
@@ -154,7 +152,7 @@ def parse_time(value: Any) -> dt.datetime | None:
             moment = dt.datetime.fromisoformat(str(value))
         except ValueError:
             return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+    return as_utc(moment)
 
 
 @dataclasses.dataclass

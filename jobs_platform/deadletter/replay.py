@@ -16,12 +16,12 @@ from typing import Any
 from celery.app.task import Context
 
 from jobs_platform import history
-from jobs_platform.deadletter.receiver import REPLAY_OF_HEADER
+from jobs_platform.clock import utc_iso
 from jobs_platform.deadletter.store import DeadLetterStore
 from jobs_platform.errors import JobsPlatformError
 
 #: Headers that belong to the failed chain, not to the job: a replay starts afresh.
-CHAIN_HEADERS = (history.ERRORS_HEADER, history.ENQUEUED_HEADER, REPLAY_OF_HEADER)
+CHAIN_HEADERS = (history.ERRORS_HEADER, history.ENQUEUED_HEADER, history.REPLAY_OF_HEADER)
 #: Celery's own message headers (task protocol 2), which Celery sets for each message.
 #: Passed to ``apply_async(headers=...)`` they would *override* the new message's
 #: (``headers2.update(headers)`` in celery/app/amqp.py): the old task id, its retries, a
@@ -90,7 +90,7 @@ def publisher(app: Any) -> Any:
 
     def publish(row: dict[str, Any], new_task_id: str) -> None:
         headers = replay_headers(row["headers"])
-        headers[REPLAY_OF_HEADER] = row["id"]
+        headers[history.REPLAY_OF_HEADER] = row["id"]
         options: dict[str, Any] = {
             "task_id": new_task_id,
             "queue": row["queue"] or None,
@@ -103,7 +103,7 @@ def publisher(app: Any) -> Any:
             # ReliableTask.apply_async stamps a fresh jobs_enqueued_at; retries start at 0.
             task.apply_async(args=row["args"] or [], kwargs=row["kwargs"] or {}, **options)
         else:
-            headers[history.ENQUEUED_HEADER] = history.utcnow_iso()
+            headers[history.ENQUEUED_HEADER] = utc_iso()
             app.send_task(
                 row["task_name"], args=row["args"] or [], kwargs=row["kwargs"] or {}, **options
             )

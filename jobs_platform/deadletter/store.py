@@ -14,11 +14,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 
-from jobs_platform.db import engine_for
+from jobs_platform.clock import as_utc, utcnow
+from jobs_platform.db import engine_for, insert_ignoring
 from jobs_platform.deadletter.model import DeadLetterJob
-from jobs_platform.deadletter.record import DeadLetter, parse_time, utcnow
+from jobs_platform.deadletter.record import DeadLetter, parse_time
 
 TABLE: sa.Table = DeadLetterJob.__table__  # type: ignore[assignment]
 C = TABLE.c
@@ -46,7 +46,7 @@ class Filter:
         if self.task is not None:
             clauses.append(C.task_name == self.task)
         if self.since is not None:
-            clauses.append(C.failed_at >= _utc(self.since))
+            clauses.append(C.failed_at >= as_utc(self.since))
         if self.ids is not None:
             clauses.append(C.id.in_(self.ids))
         return clauses
@@ -58,11 +58,6 @@ class Stats:
     by_status: dict[str, int]
     by_task: list[dict[str, Any]]
     by_fingerprint: list[dict[str, Any]]
-
-
-def _utc(moment: dt.datetime) -> dt.datetime:
-    # SQLite keeps no offset, so every stored and compared time is UTC.
-    return moment.astimezone(dt.UTC) if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
 
 
 def row_dict(row: Any) -> dict[str, Any]:
@@ -90,30 +85,16 @@ class DeadLetterStore:
         values = letter.row()
         for name in DATETIME_COLUMNS:
             if values.get(name) is not None:
-                values[name] = _utc(values[name])
+                values[name] = as_utc(values[name])
         if values.get("replay_of") is not None:
             # The parent row may have been purged since (its children's link is ON DELETE
             # SET NULL): link only to a row that exists, instead of a foreign-key error.
             parent = sa.select(C.id).where(C.id == values["replay_of"]).scalar_subquery()
             values["replay_of"] = parent
         with self.engine.begin() as conn:
-            dialect = conn.dialect.name
-            if dialect in ("postgresql", "sqlite"):
-                insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-                stmt = (
-                    insert(TABLE)
-                    .values(**values)
-                    .on_conflict_do_nothing(index_elements=["dedupe_key"])
-                    .returning(C.id)
-                )
-                new_id = conn.execute(stmt).scalar()
-                return None if new_id is None else int(new_id)
-            existing = conn.execute(
-                sa.select(C.id).where(C.dedupe_key == values["dedupe_key"])
-            ).scalar()
-            if existing is not None:
-                return None
-            return int(conn.execute(sa.insert(TABLE).values(**values).returning(C.id)).scalar_one())
+            stmt = insert_ignoring(conn, TABLE, values, unique=["dedupe_key"]).returning(C.id)
+            new_id = conn.execute(stmt).scalar()
+            return None if new_id is None else int(new_id)
 
     def replay(
         self,
@@ -171,7 +152,7 @@ class DeadLetterStore:
         with self.engine.begin() as conn:
             return int(
                 conn.execute(
-                    sa.delete(TABLE).where(C.failed_at < _utc(older_than), C.status.in_(statuses))
+                    sa.delete(TABLE).where(C.failed_at < as_utc(older_than), C.status.in_(statuses))
                 ).rowcount
             )
 

@@ -18,6 +18,7 @@ from typing import Any
 from celery import bootsteps
 
 from jobs_platform.deadletter.wake import WAKE_DRAINER
+from jobs_platform.urls import masked
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -41,21 +42,12 @@ def migrate(url: str) -> bool:
     except Exception as exc:
         logger.error(
             "jobs.db.migrate_failed: could not migrate %s: %s",
-            _safe(url),
+            masked(url),
             exc,
             extra={"event": "jobs.db.migrate_failed"},
         )
         return False
     return True
-
-
-def _safe(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return "<database url>"
 
 
 class DeadLetterStep(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -30,7 +30,8 @@ from typing import Any, Literal, TypeVar
 
 import sqlalchemy as sa
 
-from jobs_platform.db import engine_for
+from jobs_platform.clock import as_utc, utcnow
+from jobs_platform.db import engine_for, insert_ignoring
 from jobs_platform.errors import ConfigError, KeyInUse, PermanentError
 from jobs_platform.idempotency import events
 from jobs_platform.idempotency.lease import (
@@ -39,7 +40,6 @@ from jobs_platform.idempotency.lease import (
     lease_for,
     new_owner,
     same_job_prefix,
-    utcnow,
 )
 from jobs_platform.idempotency.model import CLAIMED, DONE, idempotency_keys
 from jobs_platform.retry.classify import never_sent
@@ -129,8 +129,11 @@ class IdempotencyKeys:
         if same_job is not None:
             stale.append(t.owner.startswith(same_job, autoescape=True))
         with self.engine.begin() as conn:
-            insert = _insert_ignoring_duplicates(
-                conn, {**fresh, "key": key, "task": task, "created_at": now}
+            insert = insert_ignoring(
+                conn,
+                idempotency_keys,
+                {**fresh, "key": key, "task": task, "created_at": now},
+                unique=["key"],
             )
             # RETURNING, not rowcount: with RETURNING (which SQLAlchemy adds for the id)
             # the driver reports no rowcount; an ignored duplicate returns no row.
@@ -155,7 +158,12 @@ class IdempotencyKeys:
             ).one()
         if row.state == DONE:
             return KeyClaim(key, "done", row.owner, row.result)
-        return KeyClaim(key, "busy", row.owner, lease_expires_at=_aware(row.lease_expires_at))
+        return KeyClaim(
+            key,
+            "busy",
+            row.owner,
+            lease_expires_at=(row.lease_expires_at and as_utc(row.lease_expires_at)),
+        )
 
     def record(self, claim: KeyClaim, result: Any) -> bool:
         """Mark ``claim``'s key done with ``result`` (JSON); False if the claim was lost."""
@@ -294,34 +302,6 @@ def cannot_have_reached(exc: BaseException) -> bool:
     return isinstance(exc, PermanentError) or never_sent(exc)
 
 
-def _aware(value: dt.datetime | None) -> dt.datetime | None:
-    # SQLite hands back naive datetimes; every stored time is UTC.
-    if value is not None and value.tzinfo is None:
-        return value.replace(tzinfo=dt.UTC)
-    return value
-
-
 def _check_key(key: str) -> None:
     if not key or len(key) > MAX_KEY_LENGTH:
         raise ConfigError(f"an idempotency key is 1-{MAX_KEY_LENGTH} characters, got {key!r}")
-
-
-def _insert_ignoring_duplicates(conn: sa.Connection, values: dict[str, Any]) -> Any:
-    dialect = conn.dialect.name
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert as pg_insert
-
-        return (
-            pg_insert(idempotency_keys)
-            .values(values)
-            .on_conflict_do_nothing(index_elements=["key"])
-        )
-    if dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-
-        return (
-            sqlite_insert(idempotency_keys)
-            .values(values)
-            .on_conflict_do_nothing(index_elements=["key"])
-        )
-    raise ConfigError(f"idempotency keys support PostgreSQL and SQLite, not {dialect}")

@@ -23,10 +23,6 @@ from jobs_platform.errors import ConfigError
 Clock: TypeAlias = Callable[[], dt.datetime]
 
 
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
 def current_task() -> Any:
     """The Celery task running in this thread, or ``None`` outside a worker."""
     from celery import current_task as proxy

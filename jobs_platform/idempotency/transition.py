@@ -32,7 +32,9 @@ from typing import Any, ParamSpec, TypeVar
 
 import sqlalchemy as sa
 
+from jobs_platform.clock import utcnow
 from jobs_platform.errors import ConfigError, LostRace, PermanentError, SkipTransition
+from jobs_platform.history import qualified_name
 from jobs_platform.idempotency import events
 from jobs_platform.idempotency.lease import (
     Clock,
@@ -40,7 +42,6 @@ from jobs_platform.idempotency.lease import (
     lease_for,
     new_owner,
     same_job_prefix,
-    utcnow,
 )
 
 P = ParamSpec("P")
@@ -214,7 +215,7 @@ def transition(
         def guarded(*args: P.args, **kwargs: P.kwargs) -> R | None:
             row_id = signature.bind(*args, **kwargs).arguments[id_arg]
             task = current_task()
-            task_name = getattr(task, "name", None) or f"{fn.__module__}.{fn.__qualname__}"
+            task_name = getattr(task, "name", None) or qualified_name(fn)
             eng = engine()
             try:
                 claim = guard.claim(

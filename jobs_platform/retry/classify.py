@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeAlias
 
 from jobs_platform.errors import PermanentError, TransientError
+from jobs_platform.history import qualified_name
 
 ExcTypes: TypeAlias = tuple[type[BaseException], ...]
 
@@ -121,7 +122,7 @@ def never_sent(exc: BaseException) -> bool:
 
 
 def _qualified_names(exc: BaseException) -> set[str]:
-    return {f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__}
+    return {qualified_name(cls) for cls in type(exc).__mro__}
 
 
 def http_status(exc: BaseException) -> int | None:

@@ -14,7 +14,7 @@ from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.app.task import Context
 from celery.exceptions import Reject
 
-from jobs_platform import task as reliable_task
+from jobs_platform import history
 from jobs_platform.deadletter import receiver
 
 RECORDED_503 = {
@@ -40,7 +40,7 @@ def sender(task_id: str = "t-1", failure: dict[str, Any] | None = None) -> Any:
         }
     )
     if failure is not None:
-        setattr(context, receiver.FAILURE_ATTR, failure)
+        setattr(context, history.FINAL_FAILURE_ATTR, failure)
     return SimpleNamespace(name="partner.charge", queue_class="thirdparty", request=context)
 
 
@@ -89,7 +89,7 @@ def test_a_record_of_another_task_is_not_used() -> None:
 )
 def test_a_malformed_record_is_ignored(record: Any) -> None:
     task = sender()
-    setattr(task.request, receiver.FAILURE_ATTR, record)
+    setattr(task.request, history.FINAL_FAILURE_ATTR, record)
     letter = letter_for(task, ValueError("bad"))
     assert (letter.reason, letter.error_type) == ("permanent", "builtins.ValueError")
 
@@ -121,5 +121,10 @@ def test_main_process_paths_keep_their_reason(exc: BaseException, reason: str) -
     assert letter_for(task, exc).reason == reason
 
 
-def test_receiver_reads_the_attribute_reliable_task_writes() -> None:
-    assert receiver.FAILURE_ATTR == reliable_task.FAILURE_ATTR
+def test_the_noted_failure_round_trips_and_outcomes_are_checked() -> None:
+    context = Context({"id": "t-1"})
+    entry = history.entry("urllib.error.HTTPError", "HTTP Error 503", 2)
+    history.note_final_failure(context, entry, status=503, outcome="exhausted")
+    assert history.final_failure(context) == {**entry, "status": 503, "outcome": "exhausted"}
+    with pytest.raises(ValueError, match="outcome"):
+        history.note_final_failure(context, entry, status=None, outcome="retried")

@@ -13,8 +13,9 @@ import pytest
 import sqlalchemy.exc
 
 from jobs_platform.deadletter.record import DeadLetter
-from jobs_platform.deadletter.replay import REPLAY_OF_HEADER, replay_headers
+from jobs_platform.deadletter.replay import replay_headers
 from jobs_platform.deadletter.sink import is_transient
+from jobs_platform.history import REPLAY_OF_HEADER
 
 
 def letter(**overrides: Any) -> DeadLetter:
