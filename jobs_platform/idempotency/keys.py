@@ -9,8 +9,8 @@ the call never reached the other side (a refused connection, an unresolvable hos
 connect timeout, a :class:`~jobs_platform.errors.PermanentError`)
 :meth:`~IdempotencyKeys.release`\\ s the key so the retry can claim it at once; any other
 failure (a read timeout, a reset connection, a 5xx) may hide a side effect that happened,
-so the claim is kept until its lease runs out. A claim carries
-a lease like the status CAS (:mod:`jobs_platform.idempotency.lease`): a crashed
+so the claim is kept until its lease runs out. A claim carries a lease (the leased claim
+of :mod:`jobs_platform.idempotency.claim`, shared with the status CAS): a crashed
 claimant's key can be taken over once the lease ran out. Rows expire after
 ``JOBS_IDEMPOTENCY_KEY_TTL`` and are then treated as never seen (and purged).
 
@@ -31,11 +31,12 @@ from typing import Any, Literal, TypeVar
 import sqlalchemy as sa
 
 from jobs_platform.clock import as_utc, utcnow
-from jobs_platform.db import engine_for, insert_ignoring
+from jobs_platform.db import engine_for
 from jobs_platform.errors import ConfigError, KeyInUse, PermanentError
 from jobs_platform.idempotency import events
-from jobs_platform.idempotency.lease import (
+from jobs_platform.idempotency.claim import (
     Clock,
+    LeasedClaims,
     current_task,
     lease_for,
     new_owner,
@@ -57,9 +58,17 @@ logger = logging.getLogger("jobs_platform.idempotency")
 #: over at once (``same_job``); the prefix stops that, so the claim holds until its lease.
 KEPT_PREFIX = "kept:"
 
+#: A key is claimed on its ``key`` column; ``expires_at`` is the row's TTL, not the lease.
+_CLAIMS = LeasedClaims(
+    idempotency_keys,
+    held=CLAIMED,
+    id_column="key",
+    state_column="state",
+    owner_column="owner",
+    expires_column="lease_expires_at",
+)
 
-#: Errors raised before a request left this process, by qualified class name (optional
-#: libraries are not imported for this): the call cannot have reached the other side.
+
 @dataclasses.dataclass(frozen=True)
 class KeyClaim:
     """What :meth:`IdempotencyKeys.claim` found: ours to run, done already, or held elsewhere."""
@@ -115,43 +124,32 @@ class IdempotencyKeys:
         owner = owner or new_owner(running)
         same_job = same_job or same_job_prefix(running)
         now = self.clock()
-        lease = now + dt.timedelta(seconds=lease_s)
         t = idempotency_keys.c
+        # Claiming a key (re)starts its life: no result yet, a full TTL from now.
         fresh = {
-            "state": CLAIMED,
-            "owner": owner,
+            "task": task,
             "result": None,
+            "created_at": now,
             "updated_at": now,
-            "lease_expires_at": lease,
             "expires_at": now + dt.timedelta(seconds=self.ttl_s),
         }
-        stale = [t.lease_expires_at < now]
-        if same_job is not None:
-            stale.append(t.owner.startswith(same_job, autoescape=True))
         with self.engine.begin() as conn:
-            insert = insert_ignoring(
-                conn,
-                idempotency_keys,
-                {**fresh, "key": key, "task": task, "created_at": now},
-                unique=["key"],
-            )
-            # RETURNING, not rowcount: with RETURNING (which SQLAlchemy adds for the id)
-            # the driver reports no rowcount; an ignored duplicate returns no row.
-            if conn.execute(insert.returning(t.id)).first() is not None:
-                return KeyClaim(key, "claimed", owner)
-            # The key exists: take it over only if its claimant's lease or the row expired.
-            takeover = (
-                sa.update(idempotency_keys)
-                .where(
-                    t.key == key,
-                    sa.or_(
-                        sa.and_(t.state == CLAIMED, sa.or_(*stale)),
-                        t.expires_at < now,
-                    ),
+            # A new key is inserted claimed; an existing one is taken over only if its
+            # claimant is gone (lease ran out, or an earlier attempt of this job) or the row
+            # outlived its TTL (then it counts as never seen, even when done).
+            claimed = _CLAIMS.insert(conn, key, owner=owner, lease_s=lease_s, now=now, values=fresh)
+            if claimed is None:
+                claimed = _CLAIMS.take(
+                    conn,
+                    key,
+                    free=t.expires_at < now,
+                    owner=owner,
+                    lease_s=lease_s,
+                    now=now,
+                    same_job=same_job,
+                    values=fresh,
                 )
-                .values({**fresh, "task": task, "created_at": now})
-            )
-            if conn.execute(takeover).rowcount == 1:
+            if claimed is not None:
                 return KeyClaim(key, "claimed", owner)
             row = conn.execute(
                 sa.select(t.state, t.owner, t.result, t.lease_expires_at).where(t.key == key)
@@ -167,23 +165,19 @@ class IdempotencyKeys:
 
     def record(self, claim: KeyClaim, result: Any) -> bool:
         """Mark ``claim``'s key done with ``result`` (JSON); False if the claim was lost."""
-        t = idempotency_keys.c
-        stmt = (
-            sa.update(idempotency_keys)
-            .where(t.key == claim.key, t.state == CLAIMED, t.owner == claim.owner)
-            .values(state=DONE, result=result, updated_at=self.clock(), lease_expires_at=None)
-        )
+        done = {
+            "state": DONE,
+            "result": result,
+            "updated_at": self.clock(),
+            "lease_expires_at": None,
+        }
         with self.engine.begin() as conn:
-            return bool(conn.execute(stmt).rowcount == 1)
+            return _CLAIMS.settle(conn, claim.key, claim.owner, done)
 
     def release(self, claim: KeyClaim) -> bool:
         """Forget ``claim``'s key (the side effect did not happen) so a retry can claim it."""
-        t = idempotency_keys.c
-        stmt = sa.delete(idempotency_keys).where(
-            t.key == claim.key, t.state == CLAIMED, t.owner == claim.owner
-        )
         with self.engine.begin() as conn:
-            return bool(conn.execute(stmt).rowcount == 1)
+            return _CLAIMS.drop(conn, claim.key, claim.owner)
 
     def keep(self, claim: KeyClaim) -> KeyClaim | None:
         """Hold ``claim``'s key until its lease runs out, even against the same job's retry.
@@ -194,14 +188,9 @@ class IdempotencyKeys:
         if claim.owner is None or claim.owner.startswith(KEPT_PREFIX):
             return claim
         kept = dataclasses.replace(claim, owner=KEPT_PREFIX + claim.owner)
-        t = idempotency_keys.c
-        stmt = (
-            sa.update(idempotency_keys)
-            .where(t.key == claim.key, t.state == CLAIMED, t.owner == claim.owner)
-            .values(owner=kept.owner, updated_at=self.clock())
-        )
+        renamed = {"owner": kept.owner, "updated_at": self.clock()}
         with self.engine.begin() as conn:
-            return kept if conn.execute(stmt).rowcount == 1 else None
+            return kept if _CLAIMS.settle(conn, claim.key, claim.owner, renamed) else None
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:

@@ -13,8 +13,8 @@ import sqlalchemy as sa
 
 from jobs_platform.db import engine_for, upgrade
 from jobs_platform.errors import LostRace
-from jobs_platform.idempotency import IdempotencyKeys
-from tests.unit.idempotency.conftest import SHIP, metadata, orders
+from jobs_platform.idempotency import Claim, IdempotencyKeys
+from tests.unit.idempotency.conftest import IDLE, LEASES, SHIP, leases, metadata, orders
 
 pytestmark = pytest.mark.integration
 
@@ -110,3 +110,67 @@ def test_an_expired_key_lease_is_taken_over_by_exactly_one_racer(db_url: str) ->
     results = race(RACERS, lambda i: keys.claim(key, task="t", lease_s=30, owner=f"w{i}"))
     outcomes = sorted(r.outcome for r in results if not isinstance(r, BaseException))
     assert outcomes == ["busy"] * (RACERS - 1) + ["claimed"]
+
+
+# The leased claim itself, under both guards above: same races, other column names.
+
+
+def new_lease(url: str, phase: str, **values: Any) -> str:
+    name = uuid.uuid4().hex
+    with engine_for(url).begin() as conn:
+        conn.execute(sa.insert(leases).values(name=name, phase=phase, **values))
+    return name
+
+
+def take(url: str, name: str, owner: str, **kw: Any) -> Any:
+    with engine_for(url).begin() as conn:
+        return LEASES.take(conn, name, free=IDLE, owner=owner, lease_s=30, now=now(), **kw)
+
+
+def holder(url: str, name: str) -> str | None:
+    with engine_for(url).connect() as conn:
+        return conn.execute(sa.select(leases.c.holder).where(leases.c.name == name)).scalar()
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["free", "lease-ran-out"])
+def test_racing_takes_have_exactly_one_winner(db_url: str, held: bool) -> None:
+    stale = {"holder": "crashed", "until": now() - dt.timedelta(seconds=1)}
+    name = new_lease(db_url, "busy", **stale) if held else new_lease(db_url, "idle")
+    results = race(RACERS, lambda i: take(db_url, name, f"w{i}"))
+    assert not [r for r in results if isinstance(r, BaseException)]
+    winners = [r for r in results if isinstance(r, Claim)]
+    assert len(winners) == 1
+    assert holder(db_url, name) == winners[0].owner
+
+
+def test_racing_inserts_have_exactly_one_winner(db_url: str) -> None:
+    name = uuid.uuid4().hex
+
+    def insert(i: int) -> Any:
+        with engine_for(db_url).begin() as conn:
+            return LEASES.insert(conn, name, owner=f"w{i}", lease_s=30, now=now(), values={})
+
+    results = race(RACERS, insert)
+    assert not [r for r in results if isinstance(r, BaseException)]
+    winners = [r for r in results if isinstance(r, Claim)]
+    assert len(winners) == 1
+    assert holder(db_url, name) == winners[0].owner
+
+
+def test_the_same_job_prefix_is_matched_literally(db_url: str) -> None:
+    # LIKE escaping differs between dialects: "_" and "%" must match only themselves.
+    name = new_lease(db_url, "busy", holder="jobX1/h:1/a", until=now() + dt.timedelta(seconds=60))
+    assert take(db_url, name, "job_1/h:2/b", same_job="job_1/") is None
+    assert take(db_url, name, "%/h:2/b", same_job="%/") is None
+    assert take(db_url, name, "jobX1/h:2/b", same_job="jobX1/") is not None
+
+
+def test_only_the_holder_settles_or_drops(db_url: str) -> None:
+    name = new_lease(db_url, "idle")
+    assert take(db_url, name, "w1") is not None
+    with engine_for(db_url).begin() as conn:
+        assert not LEASES.settle(conn, name, "w2", {"note": "stolen"})
+        assert not LEASES.drop(conn, name, "w2")
+        assert LEASES.settle(conn, name, "w1", {"note": "mine"})
+        assert LEASES.drop(conn, name, "w1")
+    assert holder(db_url, name) is None

@@ -1,4 +1,8 @@
-"""An app table with a guarded status column, on a SQLite file, and a clock tests move."""
+"""Tables with leased claims on a SQLite file, and a clock tests move.
+
+``orders`` is an app table guarded by a status CAS; ``leases`` gives the leased-claim
+primitive other column names, so nothing in it may assume the CAS's or the key table's.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 from jobs_platform.idempotency import Transition, claim_columns
+from jobs_platform.idempotency.claim import LeasedClaims
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 
@@ -34,6 +39,26 @@ orders = sa.Table(
     *claim_columns(),
 )
 SHIP = Transition(orders, from_="new", to="shipping", done="shipped")
+
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("phase", sa.String(16), nullable=False),
+    sa.Column("holder", sa.String(200), nullable=True),
+    sa.Column("until", sa.DateTime(timezone=True), nullable=True),
+    sa.Column("note", sa.String(64), nullable=True),
+)
+LEASES = LeasedClaims(
+    leases,
+    held="busy",
+    id_column="name",
+    state_column="phase",
+    owner_column="holder",
+    expires_column="until",
+)
+#: What "free" means for ``leases`` (for the CAS it is a status in ``from_``).
+IDLE = leases.c.phase == "idle"
 
 
 @pytest.fixture()

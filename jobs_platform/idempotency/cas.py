@@ -12,8 +12,8 @@ so this delivery is a duplicate and returns without the side effect (logged and 
 An exception releases the claim (status back, only if we still own it) and goes on to the
 retry policy; success writes the done state, again only if we still own the claim.
 
-PostgreSQL re-checks the ``WHERE`` of a blocked ``UPDATE`` against the committed row and
-SQLite serialises writers, so of two racing deliveries exactly one changes the row.
+The statements are the leased claim of :mod:`.claim` (shared with the key table): of two
+racing deliveries exactly one changes the row, on PostgreSQL and on SQLite.
 
 The window this cannot close: a claimant that dies *after* the side effect and *before*
 writing the done state leaves a claim whose lease expires, and the redelivered message
@@ -36,8 +36,10 @@ from jobs_platform.clock import utcnow
 from jobs_platform.errors import ConfigError, LostRace, PermanentError, SkipTransition
 from jobs_platform.history import qualified_name
 from jobs_platform.idempotency import events
-from jobs_platform.idempotency.lease import (
+from jobs_platform.idempotency.claim import (
+    Claim,
     Clock,
+    LeasedClaims,
     current_task,
     lease_for,
     new_owner,
@@ -58,20 +60,6 @@ def claim_columns(
         sa.Column(owner, sa.String(200), nullable=True),
         sa.Column(expires, sa.DateTime(timezone=True), nullable=True),
     ]
-
-
-class Claim:
-    """A claim this process holds on one row (the owner token proves it)."""
-
-    __slots__ = ("expires_at", "owner", "row_id")
-
-    def __init__(self, row_id: Any, owner: str, expires_at: dt.datetime) -> None:
-        self.row_id = row_id
-        self.owner = owner
-        self.expires_at = expires_at
-
-    def __repr__(self) -> str:
-        return f"Claim(row_id={self.row_id!r}, owner={self.owner!r})"
 
 
 class Transition:
@@ -108,10 +96,18 @@ class Transition:
         self.release_to = release_to or self.from_[0]
         if self.release_to in (to, done):
             raise ConfigError(f"transition on {table.name!r}: release_to must be a claimable state")
-        self.id = table.c[id_column]
-        self.status = table.c[status_column]
-        self.owner = table.c[owner_column]
-        self.expires = table.c[expires_column]
+        self.claims = LeasedClaims(
+            table,
+            held=to,
+            id_column=id_column,
+            state_column=status_column,
+            owner_column=owner_column,
+            expires_column=expires_column,
+        )
+        self.id = self.claims.id
+        self.status = self.claims.state
+        self.owner = self.claims.owner
+        self.expires = self.claims.expires
 
     def __repr__(self) -> str:
         return f"Transition({self.table.name}: {'|'.join(self.from_)} -> {self.to} -> {self.done})"
@@ -129,24 +125,20 @@ class Transition:
         """Take the row (committed before returning) or raise :class:`SkipTransition`.
 
         ``same_job``: owner prefix of earlier attempts of this job, whose claims may be
-        taken over at once (:func:`jobs_platform.idempotency.lease.same_job_prefix`).
+        taken over at once (:func:`jobs_platform.idempotency.claim.same_job_prefix`).
         """
-        expires_at = now + dt.timedelta(seconds=lease_s)
-        stale = [self.expires.is_(None), self.expires < now]  # a crashed claimant's lease ran out
-        if same_job is not None:
-            stale.append(self.owner.startswith(same_job, autoescape=True))
-        claimable = sa.or_(
-            self.status.in_(self.from_), sa.and_(self.status == self.to, sa.or_(*stale))
-        )
-        stmt = (
-            sa.update(self.table)
-            .where(self.id == row_id, claimable)
-            .values({self.status: self.to, self.owner: owner, self.expires: expires_at})
-        )
         with engine.begin() as conn:
-            changed = conn.execute(stmt).rowcount
-        if changed == 1:
-            return Claim(row_id, owner, expires_at)
+            claim = self.claims.take(
+                conn,
+                row_id,
+                free=self.status.in_(self.from_),
+                owner=owner,
+                lease_s=lease_s,
+                now=now,
+                same_job=same_job,
+            )
+        if claim is not None:
+            return claim
         raise self._why_not(engine, row_id)
 
     def _why_not(self, engine: sa.Engine, row_id: Any) -> Exception:
@@ -178,15 +170,9 @@ class Transition:
     def _move(
         self, engine: sa.Engine, claim: Claim, status: str, values: Mapping[str, Any]
     ) -> bool:
-        stmt = (
-            sa.update(self.table)
-            .where(self.id == claim.row_id, self.status == self.to, self.owner == claim.owner)
-            .values(
-                {**values, self.status.name: status, self.owner.name: None, self.expires.name: None}
-            )
-        )
+        moved = {**values, self.status.name: status, self.owner.name: None, self.expires.name: None}
         with engine.begin() as conn:
-            return bool(conn.execute(stmt).rowcount == 1)
+            return self.claims.settle(conn, claim.row_id, claim.owner, moved)
 
 
 def transition(
