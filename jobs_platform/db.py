@@ -1,11 +1,15 @@
 """Engines and the schema of the platform's own tables (dead letters, idempotency keys).
 
-Engines are created lazily *per process* and keyed by PID: Celery's prefork children
-inherit the parent's memory, and a connection pool shared across a fork corrupts
-connections. SQLite is the embedded default (WAL, busy timeout); PostgreSQL in production.
-Migrations are Alembic's, applied with :func:`upgrade` (``celery -A APP db upgrade``).
-Their revisions live in a version table of their own (:data:`VERSION_TABLE`): an app that
-runs its own Alembic on the same database keeps ``alembic_version`` to itself.
+Engines are created lazily *per process* (:mod:`jobs_platform.process_local`): Celery's
+prefork children inherit the parent's memory, and a connection pool shared across a fork
+corrupts connections, so a child releases the engines it inherited in
+``worker_process_init``. SQLite is the embedded default (WAL, busy timeout); PostgreSQL in
+production.
+
+Migrations are Alembic's, applied with :func:`upgrade` (``celery -A APP db upgrade``), or
+at worker start with :func:`try_upgrade` (bounded retries, never raises). Their revisions
+live in a version table of their own (:data:`VERSION_TABLE`): an app that runs its own
+Alembic on the same database keeps ``alembic_version`` to itself.
 """
 
 from __future__ import annotations
@@ -13,16 +17,17 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
-import threading
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
 
 import sqlalchemy as sa
+import tenacity
 from sqlalchemy.orm import DeclarativeBase
 
 from jobs_platform.errors import ConfigError
+from jobs_platform.process_local import per_process
+from jobs_platform.urls import masked
 
 logger = logging.getLogger("jobs_platform.db")
 
@@ -37,10 +42,6 @@ NAMING = {
 
 class Base(DeclarativeBase):
     metadata = sa.MetaData(naming_convention=NAMING)
-
-
-_lock = threading.Lock()
-_engines: dict[tuple[int, str], sa.Engine] = {}
 
 
 def insert_ignoring(
@@ -63,16 +64,11 @@ def insert_ignoring(
 
 def engine_for(url: str) -> sa.Engine:
     """The engine for ``url`` in this process (created on first use)."""
-    key = (os.getpid(), url)
-    engine = _engines.get(key)
-    if engine is not None:
-        return engine
-    with _lock:
-        engine = _engines.get(key)
-        if engine is None:
-            engine = _create(url)
-            _engines[key] = engine
-        return engine
+    return per_process(("engine", url), lambda: _create(url), release=_release)
+
+
+def _release(engine: sa.Engine) -> None:
+    engine.dispose(close=False)  # a forked child must not close the parent's connections
 
 
 def _create(url: str) -> sa.Engine:
@@ -94,15 +90,6 @@ def _create(url: str) -> sa.Engine:
     return sa.create_engine(
         url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args=connect_args
     )
-
-
-def dispose_engines() -> None:
-    """Drop every engine inherited from a parent process (call in worker_process_init)."""
-    with _lock:
-        for (pid, _url), engine in list(_engines.items()):
-            if pid != os.getpid():
-                engine.dispose(close=False)  # do not close the parent's sockets
-                del _engines[(pid, _url)]
 
 
 def alembic_config(url: str) -> Any:
@@ -127,6 +114,8 @@ LEGACY_REVISIONS: dict[str, tuple[str, ...]] = {
 }
 _LEGACY_TABLES = sorted({name for names in LEGACY_REVISIONS.values() for name in names})
 
+#: Attempts of :func:`try_upgrade`.
+START_MIGRATE_ATTEMPTS = 3
 #: Serialises migrations of workers starting at once against one PostgreSQL database.
 _MIGRATION_LOCK_ID = 0x6A6F6273  # "jobs"
 
@@ -163,6 +152,32 @@ def upgrade(url: str, revision: str = "head") -> LegacyMove | None:
         moved = _move_legacy_revision(url)
         command.upgrade(alembic_config(url), revision)
     return moved
+
+
+def try_upgrade(url: str) -> bool:
+    """:func:`upgrade` with bounded retries, for a worker's start; whether the schema is current.
+
+    A database that is down at start must not stop the worker (dead letters wait in the
+    spool meanwhile): the failure is logged (``jobs.db.migrate_failed``), not raised, and
+    the caller tries again later.
+    """
+    # Two workers starting at once can race on the first CREATE TABLE; the loser's retry
+    # finds the schema in place.
+    try:
+        tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(START_MIGRATE_ATTEMPTS),
+            wait=tenacity.wait_exponential(multiplier=0.2, max=2.0),
+            reraise=True,
+        )(upgrade, url)
+    except Exception as exc:
+        logger.error(
+            "jobs.db.migrate_failed: could not migrate %s: %s",
+            masked(url),
+            exc,
+            extra={"event": "jobs.db.migrate_failed"},
+        )
+        return False
+    return True
 
 
 def stamp(url: str, revision: str) -> None:

@@ -2,7 +2,10 @@
 
 Celery's prefork children inherit the parent's memory; a Redis connection pool, a
 database engine or a background thread shared across a fork breaks in subtle ways. So
-clients are cached under the current PID, and a child builds its own.
+objects are cached under the current PID, and a child builds its own. A child calls
+:func:`forget_inherited` when it starts (``worker_process_init``): the copies it inherited
+are released (an engine drops its pool without closing the parent's connections) and
+forgotten.
 """
 
 from __future__ import annotations
@@ -22,16 +25,37 @@ REDIS_TIMEOUT_S = 5.0
 
 # Re-entrant: a factory may itself ask for another per-process object.
 _lock = threading.RLock()
-_objects: dict[tuple[int, Hashable], Any] = {}
+#: (pid, key) -> (object, how to release it in a child that inherited it, or None).
+_objects: dict[tuple[int, Hashable], tuple[Any, Callable[[Any], None] | None]] = {}
 
 
-def per_process(key: Hashable, factory: Callable[[], T]) -> T:
-    """The object cached under ``key`` in this process, built by ``factory`` the first time."""
+def per_process(
+    key: Hashable, factory: Callable[[], T], *, release: Callable[[T], None] | None = None
+) -> T:
+    """The object cached under ``key`` in this process, built by ``factory`` the first time.
+
+    ``release(obj)`` is called by :func:`forget_inherited` in a child that inherited it.
+    """
     full_key = (os.getpid(), key)
+    entry = _objects.get(full_key)  # the usual case, without the lock
+    if entry is None:
+        with _lock:
+            entry = _objects.get(full_key)
+            if entry is None:
+                entry = (factory(), cast(Callable[[Any], None] | None, release))
+                _objects[full_key] = entry
+    return cast(T, entry[0])
+
+
+def forget_inherited() -> None:
+    """Release and forget every object built by another process (call in a forked child)."""
+    pid = os.getpid()
     with _lock:
-        if full_key not in _objects:
-            _objects[full_key] = factory()
-        return cast(T, _objects[full_key])
+        inherited = [key for key in _objects if key[0] != pid]
+        for key in inherited:
+            obj, release = _objects.pop(key)
+            if release is not None:
+                release(obj)
 
 
 def redis_client(url: str) -> redis.Redis:

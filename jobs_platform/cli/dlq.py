@@ -9,11 +9,12 @@ died. Exit codes: see :mod:`jobs_platform.cli.bulk` and ``dlq --help``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 
 import click
-import sqlalchemy as sa
+import sqlalchemy.exc
 from rich.console import Console
 
 from jobs_platform import db as platform_db
@@ -28,9 +29,9 @@ from jobs_platform.cli.options import (
     reason_moved,
 )
 from jobs_platform.clock import utcnow
+from jobs_platform.deadletter.drainer import drainer_for
 from jobs_platform.deadletter.model import STATUSES, TABLE
-from jobs_platform.deadletter.replay import publisher
-from jobs_platform.deadletter.sink import sink_for
+from jobs_platform.deadletter.replay import replay_rows
 from jobs_platform.deadletter.store import DeadLetterStore, Filter
 from jobs_platform.urls import masked
 
@@ -49,9 +50,8 @@ def _store(ctx: click.Context, *, migrate: bool = False) -> DeadLetterStore:
         platform_db.upgrade(url)
     store = DeadLetterStore(url)
     try:
-        with store.engine.connect() as conn:
-            exists = sa.inspect(conn).has_table(TABLE)
-    except sa.exc.SQLAlchemyError as exc:
+        exists = store.has_table()
+    except sqlalchemy.exc.SQLAlchemyError as exc:
         raise click.ClickException(f"cannot reach the database at {masked(url)}: {exc}") from exc
     if not exists:
         raise click.ClickException(
@@ -120,16 +120,7 @@ def stats(ctx: click.Context, where: Filter, top: int, as_json: bool) -> None:
     """Counts by task and by error fingerprint."""
     result = _store(ctx).stats(where, top=top)
     if as_json:
-        render.emit_json(
-            [
-                {
-                    "total": result.total,
-                    "by_status": result.by_status,
-                    "by_task": result.by_task,
-                    "by_fingerprint": result.by_fingerprint,
-                }
-            ]
-        )
+        render.emit_json([dataclasses.asdict(result)])  # total, by_status, by_task, ...
     else:
         render.stats(Console(), result, where.status or "any")
 
@@ -164,28 +155,29 @@ def replay(
     """Send dead jobs again (original payload, queue, priority; fresh attempt budget)."""
     bulk.check_selection(ids, where)
     store = _store(ctx)
-    results = bulk.replay_rows(
-        store,
-        bulk.selected(store, ids, where),
-        rate=rate,
-        reason=reason,
-        actor=actor,
-        dry_run=dry_run,
-        allow_redacted=allow_redacted,
-        publish=publisher(ctx.obj.app),
+    selected = bulk.selected(store, ids, where)
+    outcomes = list(
+        bulk.with_progress(
+            replay_rows(
+                ctx.obj.app,
+                store,
+                selected,
+                reason=reason,
+                actor=actor,
+                rate=rate,
+                dry_run=dry_run,
+                allow_redacted=allow_redacted,
+            ),
+            len(selected),
+            "replaying",
+        )
     )
-    refusals = [item for item in results if bulk.refused(item)]
-    what = "replay (dry run)" if dry_run else "replay"
     if as_json:
-        render.emit_json(results)
+        render.emit_json(map(render.outcome_json, outcomes))
     else:
-        for item in results:
-            if not bulk.refused(item):
-                click.echo(f"{item['id']}: {item['outcome']} {item.get('task_id', '')}".rstrip())
-        bulk.explain(refusals)
-        done = len(results) - len(refusals)
-        click.echo(f"{what}: {done} of {len(results)} {'would be ' if dry_run else ''}replayed")
-    bulk.conclude(ctx, what, len(results), len(refusals))
+        render.replayed(outcomes, dry_run=dry_run)
+    refused = sum(not item.done for item in outcomes)
+    bulk.conclude(ctx, "replay (dry run)" if dry_run else "replay", len(outcomes), refused)
 
 
 @dlq.command("discard")
@@ -209,9 +201,9 @@ def discard(
     selected = bulk.selected(store, ids, where)
     # A filter selects dead rows only; IDs given by hand may be anything.
     refusals = bulk.not_dead(store, selected) if ids else []
-    refused_ids = {item["id"] for item in refusals}
+    refused_ids = {item.id for item in refusals}
     todo = [i for i in selected if i not in refused_ids]
-    bulk.explain(refusals)
+    render.refusals(refusals)
     if dry_run:
         shown = ", ".join(map(str, todo[:50])) + (" ..." if len(todo) > 50 else "")
         click.echo(f"would discard {len(todo)} of {len(selected)} selected: {shown}".rstrip())
@@ -275,16 +267,10 @@ def purge(
 def drain(ctx: click.Context) -> None:
     """Move dead letters waiting in the spool (database was down) into the table now."""
     _store(ctx, migrate=True)
-    sink = sink_for(ctx.obj.app)
-    before = sink.spool.depth()
-    client, rejected_key = sink.spool.client, sink.spool.rejected_key
-    rejected_before = int(client.llen(rejected_key))
-    settled = sink.drain()
-    rejected = int(client.llen(rejected_key)) - rejected_before
-    click.echo(f"moved {settled - rejected} of {before} spooled dead letter(s) into the table")
-    if rejected > 0:
-        click.echo(
-            f"{rejected} refused by the database for good, moved to {rejected_key} "
-            "(see the log lines jobs.dlq.rejected)",
-            err=True,
+    drainer = drainer_for(ctx.obj.app)
+    done = drainer.drain()
+    render.drained(done, drainer.sink.spool)
+    if done.stopped_by is not None:
+        raise click.ClickException(
+            f"the database failed, the rest waits in the spool: {done.stopped_by}"
         )

@@ -1,4 +1,7 @@
-"""How the ``dlq`` commands print rows: rich tables for people, JSON Lines for programs.
+"""How the ``dlq`` commands print: rich tables for people, JSON Lines for programs.
+
+Rows (list, show, stats), what a replay or discard did to each row (refusals on stderr),
+and what a drain pass did.
 
 Tables never break an id, a task name, a fingerprint or a time: those columns are
 ``no_wrap``, and the console is made wide enough for them (wider than the terminal if it
@@ -11,14 +14,20 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
+
+from jobs_platform.deadletter.store import Outcome
+
+if TYPE_CHECKING:
+    from jobs_platform.deadletter.drainer import Drained
+    from jobs_platform.deadletter.spool import Spool
 
 #: Keys of ``--json`` output (and their order).
 JSON_KEYS = (
@@ -75,6 +84,12 @@ SHOWN_KEYS = (
 #: Free-text columns keep at least this many cells before the table outgrows the terminal.
 FREE_TEXT_MIN = 24
 _UNBOUNDED = 100_000
+#: Why a row was refused, when its outcome says it all.
+_WHY = {
+    "missing": "no such dead letter",
+    "already_resolved": "no longer dead (already replayed or discarded)",
+    "not_attempted": "the replay stopped before this row",
+}
 
 
 def json_default(value: Any) -> Any:
@@ -225,3 +240,57 @@ def show(console: Console, row: dict[str, Any]) -> None:
     if row["traceback"]:
         console.print(Text("traceback", "bold"))
         click.echo(row["traceback"])
+
+
+# -- what a bulk operation did ----------------------------------------------------------
+
+
+def outcome_json(outcome: Outcome) -> dict[str, Any]:
+    """``{"id", "outcome"}``, plus ``why``, the new ``task_id`` or what a dry run would send."""
+    out: dict[str, Any] = {"id": outcome.id, "outcome": outcome.outcome}
+    if outcome.why is not None:
+        out["why"] = outcome.why
+    if outcome.task_id is not None:
+        out["task_id"] = outcome.task_id
+    out.update(outcome.would_send or {})
+    return out
+
+
+def refusals(outcomes: Iterable[Outcome]) -> None:
+    """One line per refused row, on stderr."""
+    for item in outcomes:
+        if not item.done:
+            why = item.why or _WHY.get(item.outcome, "")
+            click.echo(f"{item.id}: {item.outcome}: {why}", err=True)
+
+
+def replayed(outcomes: Sequence[Outcome], *, dry_run: bool) -> None:
+    """A line per row replayed (stdout), per row refused (stderr), then the count."""
+    for item in outcomes:
+        if item.done:
+            click.echo(f"{item.id}: {item.outcome} {item.task_id or ''}".rstrip())
+    refusals(outcomes)
+    done = sum(item.done for item in outcomes)
+    what = "replay (dry run)" if dry_run else "replay"
+    would = "would be " if dry_run else ""
+    click.echo(f"{what}: {done} of {len(outcomes)} {would}replayed")
+
+
+def drained(done: Drained, spool: Spool) -> None:
+    """What one drain pass did, counted by the pass itself."""
+    click.echo(
+        f"moved {done.moved} spooled dead letter(s) into the table; "
+        f"{done.left} left in the spool {spool.key!r}"
+    )
+    if done.rejected:
+        click.echo(
+            f"{done.rejected} refused by the database for good, moved to "
+            f"{spool.rejected_key} (see the log lines jobs.dlq.rejected)",
+            err=True,
+        )
+    if done.unreadable:
+        click.echo(
+            f"{done.unreadable} not dead letters at all, moved to {spool.unreadable_key} "
+            "(see the log lines jobs.dlq.unreadable)",
+            err=True,
+        )

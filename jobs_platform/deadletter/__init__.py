@@ -2,28 +2,33 @@
 
 ::
 
-    record.py    DeadLetter (plain data), fingerprint, redaction, storable (pure)
-    model.py     the dead_letter_jobs table                               (SQLAlchemy)
-    store.py     insert-or-ignore, listing, stats, replay/discard/purge  (SQLAlchemy)
-    spool.py     the durable spool on the broker                          (Redis)
-    sink.py      capture = spool, then database; drain the spool          (no Celery)
-    alerts.py    ERROR log line, aggregated webhook
-    metrics.py   Prometheus counters
-    receiver.py  task_failure / task_revoked receivers                    (Celery)
-    poison.py    consumer that records poison messages; worker Request    (Celery)
-    worker.py    bootstep: migrate at start, drain the spool              (Celery)
-    replay.py    replay a row through the normal dispatch                 (Celery)
-    wake.py      the event that wakes the drainer                         (pure)
+    hooks.py    where Celery hands over a dead job: task_failure/task_revoked receivers,
+                the consumer that records poison messages, the worker Request that marks
+                the request its thread is finishing                      (Celery)
+    letters.py  a DeadLetter built from what Celery knows when a job dies (Celery objects)
+    sink.py     capture: redact, spool, insert-or-ignore, alert; breaker  (SQLAlchemy)
+    drainer.py  bootstep: migrate at start (db.try_upgrade); drain the spool every
+                interval or when woken; one pass for ``dlq drain``        (Celery, SQLAlchemy)
+    spool.py    the durable spool on the broker                           (Redis)
+    store.py    insert-or-ignore, listing, stats, replay/discard/purge   (SQLAlchemy)
+    model.py    the dead_letter_jobs table                                (SQLAlchemy)
+    record.py   DeadLetter (plain data), fingerprint, redaction, storable (pure)
+    alerts.py   ERROR log line, aggregated webhook
+    metrics.py  Prometheus counters
+    replay.py   replay rows through the normal dispatch, an outcome each  (Celery)
 
-SQLAlchemy is imported only by model/store/sink (and the CLI): the receivers and the
-bootstep import them when a job dies or a worker starts, never at ``import jobs_platform``.
+Data flows one way: hooks -> letters -> record; hooks -> sink -> spool, store, alerts;
+hooks -> drainer (wake only); drainer -> sink, jobs_platform.db; replay -> store. The CLI
+(:mod:`jobs_platform.cli.dlq`) renders what replay, drainer and store return.
 
-:func:`install` wires it into an app; :func:`jobs_platform.create_app` calls it.
+:func:`install` wires it into an app (:func:`jobs_platform.create_app` calls it). It
+imports :mod:`.hooks` only, so ``import jobs_platform`` and ``create_app()`` never load
+SQLAlchemy: the hooks import the sink and the drainer when a job dies, Celery imports the
+drainer and the consumer (given by name) when a worker starts.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 from jobs_platform.deadletter.record import DeadLetter
@@ -32,45 +37,25 @@ if TYPE_CHECKING:
     from jobs_platform.deadletter.store import DeadLetterStore, Filter
 
 #: ``worker_consumer`` for apps made by create_app (a string: only workers import it).
-CONSUMER = "jobs_platform.deadletter.poison:DeadLetterConsumer"
+CONSUMER = "jobs_platform.deadletter.hooks:DeadLetterConsumer"
+#: The drainer bootstep (a string for the same reason).
+DRAINER_STEP = "jobs_platform.deadletter.drainer:DeadLetterStep"
 
 __all__ = ["CONSUMER", "DeadLetter", "DeadLetterStore", "Filter", "install"]
 
-#: Loaded on first use: they import SQLAlchemy, which a producer never needs.
-_LAZY = {
-    "DeadLetterStore": "jobs_platform.deadletter.store",
-    "Filter": "jobs_platform.deadletter.store",
-}
-
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+    # The store imports SQLAlchemy, which a producer never needs: loaded on first use.
+    if name in ("DeadLetterStore", "Filter"):
+        from jobs_platform.deadletter import store
+
+        return getattr(store, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def install(app: Any) -> None:
-    """Add the drainer bootstep and connect the receivers (``worker_consumer`` is config).
+    """Add the drainer bootstep and connect the receivers (``worker_consumer`` is config)."""
+    from jobs_platform.deadletter import hooks
 
-    Cheap: the receivers and the bootstep import SQLAlchemy and the table only when a job
-    dies or a worker starts, so ``import jobs_platform`` in a producer does not.
-    """
-    from celery import signals
-
-    from jobs_platform.deadletter import receiver
-    from jobs_platform.deadletter.worker import DeadLetterStep
-
-    app.steps["worker"].add(DeadLetterStep)
-    receiver.connect()
-    signals.worker_process_init.connect(
-        _dispose_engines, weak=False, dispatch_uid="jobs.db.dispose_engines"
-    )
-
-
-def _dispose_engines(**_: Any) -> None:
-    from jobs_platform.db import dispose_engines
-
-    dispose_engines()
-    # A pool child loads the capture path now, not on its first failing task.
-    importlib.import_module("jobs_platform.deadletter.sink")
+    app.steps["worker"].add(DRAINER_STEP)
+    hooks.connect()

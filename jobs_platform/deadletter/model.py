@@ -16,6 +16,7 @@ import datetime as dt
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Mapped, mapped_column
 
 from jobs_platform.db import Base
@@ -36,7 +37,7 @@ REASONS: tuple[str, ...] = (
 STATUSES: tuple[str, ...] = ("dead", "replayed", "discarded")
 
 #: JSON on SQLite, JSONB on PostgreSQL.
-JSONType = sa.JSON().with_variant(sa.dialects.postgresql.JSONB(), "postgresql")
+JSONType = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 #: SQLite only auto-increments an INTEGER PRIMARY KEY.
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 UtcDateTime = sa.DateTime(timezone=True)

@@ -20,9 +20,12 @@ from jobs_platform.clock import as_utc, utcnow
 
 REDACTED = "***"
 
-#: Length limits of the ``dead_letter_jobs`` string columns (see :mod:`.model`): values
-#: taken from a message (a poison message can carry anything) are cut to fit.
+#: Length limits of the ``dead_letter_jobs`` string columns that :meth:`DeadLetter.row`
+#: fills: values taken from a message (a poison message can carry anything) are cut to
+#: fit. Kept here so this module stays free of SQLAlchemy; a unit test holds it equal to
+#: the model's (tests/unit/deadletter/test_rules.py).
 COLUMN_LENGTHS: dict[str, int] = {
+    "dedupe_key": 64,
     "task_id": 255,
     "task_name": 255,
     "queue": 255,
@@ -33,7 +36,9 @@ COLUMN_LENGTHS: dict[str, int] = {
     "content_encoding": 64,
     "reason": 16,
     "error_type": 255,
+    "fingerprint": 16,
     "worker": 255,
+    "status": 16,
 }
 #: PostgreSQL INTEGER.
 _INT_MAX = 2**31 - 1

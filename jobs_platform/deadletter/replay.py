@@ -1,4 +1,7 @@
-"""Replay a dead letter through the normal dispatch, exactly once per row.
+"""Replay dead letters through the normal dispatch, exactly once per row.
+
+:func:`replay_rows` replays a selection, one :class:`~.store.Outcome` per row, throttled
+(``celery -A APP dlq replay`` renders them); :func:`replay` replays one row.
 
 A replay sends the stored args/kwargs to the original queue with the original priority
 and the job's custom headers (never Celery's protocol headers: see
@@ -11,14 +14,19 @@ row twice enqueues once.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from celery.app.task import Context
+from celery.exceptions import QueueNotFound
 
 from jobs_platform import history
 from jobs_platform.clock import utc_iso
-from jobs_platform.deadletter.store import DeadLetterStore
+from jobs_platform.deadletter.store import DeadLetterStore, Outcome
 from jobs_platform.errors import JobsPlatformError
+
+Publish = Callable[[dict[str, Any], str], None]
 
 #: Headers that belong to the failed chain, not to the job: a replay starts afresh.
 CHAIN_HEADERS = (history.ERRORS_HEADER, history.ENQUEUED_HEADER, history.REPLAY_OF_HEADER)
@@ -85,7 +93,7 @@ def check_replayable(row: dict[str, Any], *, allow_redacted: bool = False) -> No
         )
 
 
-def publisher(app: Any) -> Any:
+def publisher(app: Any) -> Publish:
     """``publish(row, new_task_id)`` for :meth:`DeadLetterStore.replay`."""
 
     def publish(row: dict[str, Any], new_task_id: str) -> None:
@@ -111,6 +119,79 @@ def publisher(app: Any) -> Any:
     return publish
 
 
+def replay_row(
+    store: DeadLetterStore,
+    row_id: int,
+    publish: Publish,
+    *,
+    reason: str,
+    actor: str,
+    dry_run: bool = False,
+    allow_redacted: bool = False,
+) -> Outcome:
+    """Replay row ``row_id`` (or, with ``dry_run``, say what would be sent); never refuses
+    by raising: a refusal is an outcome. Failures of the broker or database are raised (the
+    row stays dead: its publish is inside its transaction)."""
+    row = store.get(row_id)
+    if row is None:
+        return Outcome(row_id, "missing")
+    if row["status"] != "dead":
+        return Outcome(row_id, "already_resolved")
+    try:
+        check_replayable(row, allow_redacted=allow_redacted)
+    except ReplayRefused as exc:
+        return Outcome(row_id, "refused", why=str(exc))
+    if dry_run:
+        sent = {key: row[key] for key in ("task_name", "queue", "args", "kwargs")}
+        return Outcome(row_id, "would_replay", would_send=sent)
+    try:
+        new_id = store.replay(row_id, reason=reason, actor=actor, publish=publish)
+    except QueueNotFound as exc:
+        return Outcome(row_id, "refused", why=f"its queue is not declared in this app: {exc}")
+    if new_id is None:
+        return Outcome(row_id, "already_resolved")
+    return Outcome(row_id, "replayed", task_id=new_id)
+
+
+def replay_rows(
+    app: Any,
+    store: DeadLetterStore,
+    ids: Sequence[int],
+    *,
+    reason: str,
+    actor: str,
+    rate: float,
+    dry_run: bool = False,
+    allow_redacted: bool = False,
+) -> Iterator[Outcome]:
+    """Replay ``ids`` in order, at most ``rate`` per second: one outcome per id, as it goes.
+
+    A refused row (missing, no longer dead, redacted, not replayable, its queue not
+    declared) does not stop the others. A broker, result store or database that fails ends
+    the run: that row is ``failed`` (it stays dead) and each row after it ``not_attempted``.
+    """
+    publish = publisher(app)
+    for index, row_id in enumerate(ids):
+        try:
+            outcome = replay_row(
+                store,
+                row_id,
+                publish,
+                reason=reason,
+                actor=actor,
+                dry_run=dry_run,
+                allow_redacted=allow_redacted,
+            )
+        except Exception as exc:
+            # The next rows would fail alike.
+            yield Outcome(row_id, "failed", why=f"{type(exc).__name__}: {exc}".strip())
+            yield from (Outcome(rest, "not_attempted") for rest in ids[index + 1 :])
+            return
+        yield outcome
+        if outcome.outcome == "replayed":
+            time.sleep(1.0 / rate)  # throttle: a replay storm must not flood the queue
+
+
 def replay(
     app: Any,
     store: DeadLetterStore,
@@ -120,11 +201,15 @@ def replay(
     actor: str,
     allow_redacted: bool = False,
 ) -> str | None:
-    """Replay row ``row_id``: the new task id, or ``None`` if it was no longer dead."""
-    row = store.get(row_id)
-    if row is None:
+    """Replay row ``row_id``: the new task id, or ``None`` if it was no longer dead.
+
+    Raises :class:`ReplayRefused` if the row does not exist or cannot be replayed as stored.
+    """
+    outcome = replay_row(
+        store, row_id, publisher(app), reason=reason, actor=actor, allow_redacted=allow_redacted
+    )
+    if outcome.outcome == "missing":
         raise ReplayRefused(f"no dead letter {row_id}")
-    if row["status"] != "dead":
-        return None
-    check_replayable(row, allow_redacted=allow_redacted)
-    return store.replay(row_id, reason=reason, actor=actor, publish=publisher(app))
+    if outcome.outcome == "refused":
+        raise ReplayRefused(str(outcome.why))
+    return outcome.task_id

@@ -7,9 +7,9 @@
 3. insert-or-ignore the row (values made storable by :meth:`DeadLetter.row`), retrying
    only transient errors (:func:`is_transient`), a bounded number of times (tenacity);
 4. on success remove the spool entry, then alert (log line, counter, webhook) *only if
-   the row is new*; on a transient failure leave it spooled for
-   :meth:`DeadLetterSink.drain`; on an error of the row itself (it would fail forever)
-   move it to ``<spool>:rejected`` (``jobs.dlq.rejected``, ``stage="rejected"``).
+   the row is new*; on a transient failure leave it spooled for the drainer
+   (:mod:`.drainer`); on an error of the row itself (it would fail forever) move it to
+   ``<spool>:rejected`` (``jobs.dlq.rejected``, ``stage="rejected"``).
 
 After a transient failure a per-process circuit breaker skips step 3 for
 ``JOBS_DLQ_DRAIN_INTERVAL`` seconds (doubling while the database keeps failing, up to
@@ -18,8 +18,8 @@ for attempts x connect timeout on every failing task during an outage; the main
 process's drainer writes the spooled dead letters.
 
 In the worker's main process (poison messages, time limits, lost workers, rejections,
-expiries) step 3 is left to the drainer thread, woken at once: the consumer's event loop
-never waits on the database.
+expiries) step 3 is handed off (``capture(letter, handoff=...)``: the hooks wake the
+drainer thread): the consumer's event loop never waits on the database.
 
 If the spool is unreachable too, the database write is still tried; if both fail, the
 whole dead letter is logged at CRITICAL (``jobs.dlq.lost``) so that it exists at least in
@@ -28,7 +28,6 @@ the logs, and ``jobs_dead_letter_write_failures_total{stage="lost"}`` counts it.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -48,18 +47,13 @@ from jobs_platform.deadletter.metrics import (
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.spool import Spool
 from jobs_platform.deadletter.store import DeadLetterStore
-from jobs_platform.deadletter.wake import WAKE_DRAINER
 from jobs_platform.process_local import per_process
 from jobs_platform.settings import Settings
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
-#: Spool entries moved per drain pass.
-DRAIN_BATCH = 500
 #: Longest time the circuit breaker keeps a process off a failing database.
 BREAKER_MAX_OPEN_S = 60.0
-
-__all__ = ["WAKE_DRAINER", "DeadLetterSink", "is_transient", "sink_for"]
 
 #: Errors of the database being unreachable, overloaded or not ready, not of the row.
 _TRANSIENT_TYPES: tuple[type[BaseException], ...] = (
@@ -140,23 +134,25 @@ class DeadLetterSink:
         self.redact_keys = tuple(
             k.strip() for k in settings.dlq_redact_keys.split(",") if k.strip()
         )
-        self._drain_lock = threading.Lock()
         self.breaker = _Breaker(settings.dlq_drain_interval)
 
     # -- the failure path ----------------------------------------------------------------
 
-    def capture(self, letter: DeadLetter, *, defer: bool = False) -> int | None:
+    def capture(
+        self, letter: DeadLetter, *, handoff: Callable[[], None] | None = None
+    ) -> int | None:
         """Store ``letter`` (see the module docstring); its new row id, if written now.
 
-        ``defer=True`` (the worker's main process, whose event loop must not wait on a
-        database) stops after the spool and wakes the drainer, unless the spool failed.
-        So does an open circuit breaker (the database failed in this process recently).
+        With ``handoff`` (the worker's main process, whose event loop must not wait on a
+        database) the pipeline stops after the spool and calls ``handoff()`` (which wakes
+        the drainer), unless the spool failed. An open circuit breaker (the database
+        failed in this process recently) stops there too.
         """
         letter = letter.redact(self.redact_keys)
         text = letter.to_json()
         spooled = self._spool(text, letter)
-        if spooled and defer:
-            WAKE_DRAINER.set()
+        if spooled and handoff is not None:
+            handoff()
             return None
         if spooled and self.breaker.is_open():
             WRITE_FAILURES.labels("db").inc()
@@ -171,7 +167,7 @@ class DeadLetterSink:
             )
             return None
         try:
-            row_id = self._write(letter)
+            row_id = self.write(letter)
         except Exception as exc:
             if spooled and not is_transient(exc):
                 self._reject(text, letter, exc)
@@ -229,7 +225,7 @@ class DeadLetterSink:
 
     def _reject(self, text: str, letter: DeadLetter, exc: BaseException) -> None:
         """Move a spooled entry the database refuses for good to ``<spool>:rejected``."""
-        self._report_rejected(letter, exc)
+        self.report_rejected(letter, exc)
         try:
             self.spool.reject(text)
         except Exception as move_exc:  # still spooled: the next drain pass moves it
@@ -239,7 +235,7 @@ class DeadLetterSink:
                 extra={"event": "jobs.dlq.reject_failed"},
             )
 
-    def _report_rejected(self, letter: DeadLetter, exc: BaseException) -> None:
+    def report_rejected(self, letter: DeadLetter, exc: BaseException) -> None:
         WRITE_FAILURES.labels("rejected").inc()
         logger.error(
             "jobs.dlq.rejected: the database refused the dead letter for %s[%s] for good; "
@@ -251,7 +247,7 @@ class DeadLetterSink:
             extra={"event": "jobs.dlq.rejected"},
         )
 
-    def _write(self, letter: DeadLetter) -> int | None:
+    def write(self, letter: DeadLetter) -> int | None:
         """Insert-or-ignore ``letter``, retrying transient errors only; alert if new."""
         attempts = 1 if self.breaker.probing() else self.settings.dlq_write_attempts
         retrying = tenacity.Retrying(
@@ -286,66 +282,6 @@ class DeadLetterSink:
             alerts.notifier_for(
                 self.settings.dlq_webhook_url, self.settings.dlq_webhook_interval
             ).notify(row_id, letter)
-
-    # -- the drainer ---------------------------------------------------------------------
-
-    def drain(self, *, limit: int = 100_000) -> int:
-        """Move spooled dead letters into the database; how many entries were settled.
-
-        Stops at the first *transient* database failure (the rest waits for the next
-        pass), so an outage costs one bounded attempt per pass, not one per entry. An entry
-        the database refuses for good (see :func:`is_transient`) is moved to
-        ``<spool>:rejected``, logged (``jobs.dlq.rejected``) and counted
-        (``stage="rejected"``), and the pass goes on: one bad entry never blocks the rest.
-        """
-        settled = 0
-        with self._drain_lock:
-            while settled < limit:
-                batch = self.spool.peek(min(DRAIN_BATCH, limit - settled))
-                if not batch:
-                    break
-                for text in batch:
-                    try:
-                        letter = DeadLetter.from_json(text)
-                    except Exception as exc:
-                        WRITE_FAILURES.labels("unreadable").inc()
-                        logger.error(
-                            "jobs.dlq.unreadable: spool entry moved to %r: %s",
-                            self.spool.unreadable_key,
-                            exc,
-                            extra={"event": "jobs.dlq.unreadable"},
-                        )
-                        self.spool.quarantine(text)
-                        continue
-                    try:
-                        self._write(letter)
-                    except Exception as exc:
-                        if is_transient(exc):
-                            raise  # the database is down: stop this pass
-                        self._report_rejected(letter, exc)
-                        self.spool.reject(text)  # a broker error stops this pass
-                    else:
-                        self.spool.remove(text)
-                    settled += 1
-        return settled
-
-    def drain_quietly(self) -> int:
-        """:meth:`drain` for background loops: failures are logged and counted, not raised."""
-        try:
-            return self.drain()
-        except Exception as exc:
-            WRITE_FAILURES.labels("db").inc()
-            depth: Any = "?"
-            with contextlib.suppress(Exception):
-                depth = self.spool.depth()
-            logger.error(
-                "jobs.dlq.drain_failed: %s dead letter(s) wait in the spool %r: %s",
-                depth,
-                self.spool.key,
-                exc,
-                extra={"event": "jobs.dlq.drain_failed"},
-            )
-            return 0
 
 
 def sink_for(app: Any) -> DeadLetterSink:

@@ -60,6 +60,32 @@ class Stats:
     by_fingerprint: list[dict[str, Any]]
 
 
+#: Outcomes of a bulk operation that did (or, in a dry run, would do) what was asked.
+DONE = frozenset({"replayed", "would_replay"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """What a replay or discard came to for one row.
+
+    ``outcome``: ``replayed`` / ``would_replay`` (done), or ``missing``,
+    ``already_resolved``, ``refused``, ``failed``, ``not_attempted`` (refused).
+    """
+
+    id: int
+    outcome: str
+    #: Why it was refused or failed (for a person).
+    why: str | None = None
+    #: The new task id of a replay.
+    task_id: str | None = None
+    #: What a dry run would send: task_name, queue, args, kwargs.
+    would_send: dict[str, Any] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.outcome in DONE
+
+
 def row_dict(row: Any) -> dict[str, Any]:
     """A plain dict of a row, with aware UTC datetimes on every dialect."""
     data = dict(row)
@@ -157,6 +183,11 @@ class DeadLetterStore:
             )
 
     # -- reads -------------------------------------------------------------------------
+
+    def has_table(self) -> bool:
+        """Whether the table exists (raises when the database cannot be reached)."""
+        with self.engine.connect() as conn:
+            return sa.inspect(conn).has_table(TABLE.name)
 
     def get(self, row_id: int) -> dict[str, Any] | None:
         with self.engine.connect() as conn:

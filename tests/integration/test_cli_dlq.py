@@ -3,6 +3,7 @@
 Exit codes: 0 when everything asked was done, 1 when any row was refused (the others are
 still processed), 2 for usage errors. Messages go to stderr; ``--json`` stdout stays JSON
 Lines. Tables never break an id, a task name or a fingerprint, on a terminal or piped.
+``dlq drain`` says what its own pass did, whatever a worker's drainer does meanwhile.
 """
 
 from __future__ import annotations
@@ -20,12 +21,19 @@ import termios
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
+import sqlalchemy.exc
+from click.testing import CliRunner
 
-from jobs_platform import db
+from jobs_platform import create_app, db
+from jobs_platform.cli.dlq import dlq
+from jobs_platform.deadletter.drainer import Drained, Drainer
 from jobs_platform.deadletter.record import DeadLetter
+from jobs_platform.deadletter.sink import DeadLetterSink, sink_for
 from jobs_platform.deadletter.store import DeadLetterStore
 from jobs_platform.testing import RedisServer, free_port
 from tests.conftest import fresh_pg_database
@@ -111,6 +119,11 @@ class Cli:
         assert row_id is not None
         return row_id
 
+    def spool(self, key: str) -> redis.Redis:
+        client: redis.Redis = redis.Redis.from_url(self.env["JOBS_BROKER_URL"])
+        client.delete(key, f"{key}:rejected", f"{key}:unreadable")
+        return client
+
     def status(self, row_id: int) -> str:
         row = self.store.get(row_id)
         assert row is not None
@@ -128,6 +141,23 @@ def task_name() -> str:
 
 def json_lines(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stdout.splitlines()]
+
+
+def spooled(task: str, **overrides: Any) -> DeadLetter:
+    """A dead letter as a worker spools it when the database is down."""
+    values: dict[str, Any] = {
+        "reason": "exhausted",
+        "task_id": str(uuid.uuid4()),
+        "task_name": task,
+        "queue": "fast",
+        "errors": [{"type": "E", "message": "down", "at": "t", "attempt": 1}],
+        "failed_at": dt.datetime.now(dt.UTC),
+        "args": [1],
+        "kwargs": {},
+        "attempts": 1,
+        "chain": uuid.uuid4().hex,
+    }
+    return DeadLetter(**{**values, **overrides})
 
 
 # -- every refusal exits non-zero -----------------------------------------------------------
@@ -228,6 +258,100 @@ def test_show_of_a_missing_row_and_a_missing_reason_are_refused(cli: Cli) -> Non
     blank = cli("discard", str(row_id), "--reason", "  ")
     assert blank.returncode == 2 and "--reason" in blank.stderr
     assert cli.status(row_id) == "dead"
+
+
+# -- dlq drain says what it did ------------------------------------------------------------
+
+
+def test_drain_reports_moved_refused_unreadable_and_left(cli: Cli) -> None:
+    key = f"jptest:spool:{uuid.uuid4().hex}"
+    spool = cli.spool(key)
+    task = task_name()
+    good = [spooled(task), spooled(task)]
+    # A reason outside the CHECK constraint: the database refuses it for good.
+    bad = spooled(task, reason="bogus")
+    for text in (good[0].to_json(), bad.to_json(), "not a dead letter", good[1].to_json()):
+        spool.rpush(key, text)
+    done = cli("drain", JOBS_DLQ_SPOOL_KEY=key)
+    assert done.returncode == 0, done.stderr
+    assert f"moved 2 spooled dead letter(s) into the table; 0 left in the spool {key!r}" in (
+        done.stdout
+    )
+    assert f"1 refused by the database for good, moved to {key}:rejected" in done.stderr
+    assert f"1 not dead letters at all, moved to {key}:unreadable" in done.stderr
+    assert [len(cli.store.by_task_id(str(g.task_id))) for g in good] == [1, 1]
+    assert (spool.llen(key), spool.llen(f"{key}:rejected"), spool.llen(f"{key}:unreadable")) == (
+        0,
+        1,
+        1,
+    )
+
+
+def test_drain_counts_its_own_pass_while_a_workers_drainer_runs(
+    sqlite_url: str, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The old count (the :rejected list measured before and after) took the worker's
+    # rejection for its own: "moved 1 of 2", "1 refused".
+    key = f"jptest:spool:{uuid.uuid4().hex}"
+    app = create_app("draintest", database_url=sqlite_url, broker_url=redis_url, dlq_spool_key=key)
+    db.upgrade(sqlite_url)
+    task = task_name()
+    for item in (spooled(task), spooled(task)):
+        redis_client.rpush(key, item.to_json())
+    worker = Drainer(DeadLetterSink(app.jobs_settings, spool_url=redis_url))
+    ours = sink_for(app)  # the sink `dlq drain` writes through
+    add = ours.store.add
+    ran: list[bool] = []
+
+    def add_while_a_worker_drains(letter: DeadLetter) -> int | None:
+        if not ran:
+            ran.append(True)
+            # Meanwhile a job dies with a value the database refuses, and a worker's
+            # drainer (not ours) moves it aside, along with the entries ours is on.
+            redis_client.rpush(key, spooled(task, reason="bogus").to_json())
+            assert worker.drain() == Drained(moved=2, rejected=1)
+        return add(letter)
+
+    monkeypatch.setattr(ours.store, "add", add_while_a_worker_drains)
+    done = CliRunner().invoke(dlq, ["drain"], obj=SimpleNamespace(app=app))
+    assert done.exit_code == 0, (done.output, done.exception)
+    assert ran and redis_client.llen(f"{key}:rejected") == 1  # the worker rejected one
+    assert "moved 2 spooled dead letter(s) into the table; 0 left" in done.stdout
+    assert "refused" not in done.stderr
+
+
+def test_drain_with_the_database_down_mid_pass_says_so_and_exits_1(
+    sqlite_url: str, redis_url: str, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = f"jptest:spool:{uuid.uuid4().hex}"
+    app = create_app(
+        "draindown",
+        database_url=sqlite_url,
+        broker_url=redis_url,
+        dlq_spool_key=key,
+        dlq_write_attempts=1,
+    )
+    db.upgrade(sqlite_url)
+    task = task_name()
+    for item in (spooled(task), spooled(task), spooled(task)):
+        redis_client.rpush(key, item.to_json())
+    ours = sink_for(app)
+    add = ours.store.add
+    calls: list[DeadLetter] = []
+
+    def down_after_one(letter: DeadLetter) -> int | None:
+        calls.append(letter)
+        if len(calls) > 1:
+            raise sqlalchemy.exc.OperationalError("INSERT", {}, ConnectionRefusedError())
+        return add(letter)
+
+    monkeypatch.setattr(ours.store, "add", down_after_one)
+    done = CliRunner().invoke(dlq, ["drain"], obj=SimpleNamespace(app=app))
+    assert done.exit_code == 1, done.output
+    assert "Traceback" not in done.output
+    assert "moved 1 spooled dead letter(s) into the table; 2 left" in done.stdout
+    assert "the database failed, the rest waits in the spool" in done.stderr
+    assert redis_client.llen(key) == 2
 
 
 # -- one option name per meaning ----------------------------------------------------------

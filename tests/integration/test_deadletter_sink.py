@@ -12,10 +12,12 @@ from typing import Any
 
 import pytest
 import redis
+import sqlalchemy.exc
 from prometheus_client import REGISTRY
 
 from jobs_platform import db
-from jobs_platform.deadletter import receiver
+from jobs_platform.deadletter import hooks
+from jobs_platform.deadletter.drainer import Drained, Drainer
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.sink import DeadLetterSink
 from jobs_platform.settings import Settings
@@ -79,18 +81,20 @@ def test_database_down_spools_then_drains_exactly_once(
     assert metric("jobs_dead_letter_write_failures_total", stage="db") == failures_before + 5
     assert sum("jobs.dlq.write_failed" in r.getMessage() for r in caplog.records) == 5
     assert redis_client.llen(spool_key) == 5
-    assert down.drain_quietly() == 0  # still down: the entries stay
+    still_down = Drainer(down).drain_quietly()  # the entries stay
+    assert (still_down.moved, still_down.left) == (0, 5)
+    assert isinstance(still_down.stopped_by, sqlalchemy.exc.OperationalError)
 
     db.upgrade(module_pg_url)
     up = DeadLetterSink(settings(module_pg_url, redis_url, spool_key))
-    assert up.drain() == 5
+    assert Drainer(up).drain() == Drained(moved=5)
     assert redis_client.llen(spool_key) == 0
     rows = [up.store.by_task_id(str(item.task_id)) for item in letters]
     assert [len(r) for r in rows] == [1] * 5  # count before == count after
     assert rows[0][0]["kwargs"] == {"password": "***"}  # redacted before it was spooled
     # A leftover copy (say the LREM was lost) is absorbed by the unique key.
     redis_client.rpush(spool_key, letters[0].redact(up.redact_keys).to_json())
-    assert up.drain() == 1
+    assert Drainer(up).drain() == Drained(moved=1)
     assert len(up.store.by_task_id(str(letters[0].task_id))) == 1
 
 
@@ -139,7 +143,7 @@ def test_a_failing_receiver_is_logged_and_counted_not_swallowed(
     app: Any = type("App", (), {})()
     before = metric("jobs_dead_letter_write_failures_total", stage="receiver")
     with caplog.at_level(logging.ERROR, logger="jobs_platform.deadletter"):
-        receiver.capture(app, broken)  # must not raise into Celery
+        hooks.capture(app, broken)  # must not raise into Celery
     assert metric("jobs_dead_letter_write_failures_total", stage="receiver") == before + 1
     [record] = [r for r in caplog.records if "jobs.dlq.receiver_failed" in r.getMessage()]
     assert record.exc_info is not None
@@ -165,7 +169,7 @@ def test_a_refused_entry_is_moved_aside_and_the_rest_of_the_spool_drains(
         redis_client.rpush(spool_key, item.to_json())
     rejected_before = metric("jobs_dead_letter_write_failures_total", stage="rejected")
     with caplog.at_level(logging.ERROR, logger="jobs_platform.deadletter"):
-        assert sink.drain() == 4
+        assert Drainer(sink).drain() == Drained(moved=3, rejected=1)
     assert [len(sink.store.by_task_id(str(i.task_id))) for i in good] == [1, 1, 1]
     assert sink.store.by_task_id(str(bad.task_id)) == []
     assert redis_client.llen(spool_key) == 0
@@ -203,7 +207,7 @@ def test_poison_values_are_made_storable_instead_of_blocking_the_spool(
     items = [nul, huge, odd_priority, orphan]
     for item in items:
         redis_client.rpush(spool_key, item.to_json())
-    assert sink.drain() == 4
+    assert Drainer(sink).drain() == Drained(moved=4)
     assert redis_client.llen(spool_key) == 0
     assert redis_client.llen(f"{spool_key}:rejected") == 0
     [row] = sink.store.by_task_id(str(nul.task_id))
@@ -275,7 +279,7 @@ def test_after_a_database_failure_the_process_spools_without_trying_the_database
     # The database is back: the probe closes the breaker, the drainer writes the rest.
     db.upgrade(module_pg_url)
     up = DeadLetterSink(settings(module_pg_url, redis_url, spool_key))
-    assert up.drain() == 8
+    assert Drainer(up).drain() == Drained(moved=8)
     sink.store = up.store
     now[0] += 1000
     assert sink.capture(letter(8)) is not None

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from jobs_platform.deadletter import alerts
 from jobs_platform.deadletter.record import DeadLetter
@@ -100,8 +101,18 @@ def test_webhook_storm_of_10000_sends_a_bounded_number_of_requests(
     assert merged == {"task0": 3334, "task1": 3333, "task2": 3333}
 
 
-def test_webhook_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
+def webhook_requests(outcome: str) -> float:
+    sample = REGISTRY.get_sample_value(
+        "jobs_dead_letter_webhook_requests_total", {"outcome": outcome}
+    )
+    return sample or 0.0
+
+
+def test_webhook_failure_is_logged_and_counted_not_raised(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     notifier = alerts.WebhookNotifier(f"http://127.0.0.1:{free_port()}/dead", interval_s=0.1)
+    errors, oks = webhook_requests("error"), webhook_requests("ok")
     with caplog.at_level(logging.WARNING, logger="jobs_platform.deadletter"):
         notifier.notify(1, letter(1))  # flushed by the notifier's thread: must not raise
         wait_for(
@@ -110,6 +121,11 @@ def test_webhook_failure_is_logged_not_raised(caplog: pytest.LogCaptureFixture) 
             message="the webhook failure to be logged",
         )
     notifier.close()
+    [line] = [r for r in caplog.records if "jobs.dlq.webhook_failed" in r.getMessage()]
+    assert line.levelno == logging.WARNING and "1 dead letter(s)" in line.getMessage()
+    # Counted once as an error (the counter is incremented before the line is logged).
+    assert webhook_requests("error") == errors + 1
+    assert webhook_requests("ok") == oks
 
 
 class StoppedClock:

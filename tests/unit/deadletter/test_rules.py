@@ -10,9 +10,11 @@ import textwrap
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 import sqlalchemy.exc
 
-from jobs_platform.deadletter.record import DeadLetter
+from jobs_platform.deadletter.model import DeadLetterJob
+from jobs_platform.deadletter.record import COLUMN_LENGTHS, DeadLetter
 from jobs_platform.deadletter.replay import replay_headers
 from jobs_platform.deadletter.sink import is_transient
 from jobs_platform.history import REPLAY_OF_HEADER
@@ -29,6 +31,18 @@ def letter(**overrides: Any) -> DeadLetter:
     }
     values.update(overrides)
     return DeadLetter(**values)
+
+
+def test_column_lengths_are_the_models() -> None:
+    # record.py stays free of SQLAlchemy, so its copy of the limits is checked here.
+    table: sa.Table = DeadLetterJob.__table__  # type: ignore[assignment]
+    filled = letter().row()
+    model = {
+        column.name: column.type.length
+        for column in table.columns
+        if isinstance(column.type, sa.String) and column.type.length and column.name in filled
+    }
+    assert model == COLUMN_LENGTHS
 
 
 def test_row_cuts_strings_to_their_columns_and_strips_nul() -> None:

@@ -15,7 +15,7 @@ from celery.app.task import Context
 from celery.exceptions import Reject
 
 from jobs_platform import history
-from jobs_platform.deadletter import receiver
+from jobs_platform.deadletter import letters
 
 RECORDED_503 = {
     "type": "urllib.error.HTTPError",
@@ -45,7 +45,7 @@ def sender(task_id: str = "t-1", failure: dict[str, Any] | None = None) -> Any:
 
 
 def letter_for(task: Any, exc: BaseException, task_id: str = "t-1") -> Any:
-    return receiver.failure_letter(task, task_id, exc, ["k"], {}, None)
+    return letters.failure_letter(task, task_id, exc, ["k"], {}, None)
 
 
 def test_the_recorded_failure_wins_over_celerys_stand_in() -> None:
@@ -115,7 +115,7 @@ def test_without_a_record_the_exception_itself_is_described() -> None:
     ],
 )
 def test_main_process_paths_keep_their_reason(exc: BaseException, reason: str) -> None:
-    assert receiver.reason_for(exc) == reason
+    assert letters.reason_for(exc) == reason
     # In the main process the task's request is empty: no record to find.
     task = SimpleNamespace(name="partner.charge", queue_class="thirdparty", request=Context())
     assert letter_for(task, exc).reason == reason

@@ -1,0 +1,210 @@
+"""Where Celery hands the platform a dead job: signal receivers, the consumer, the request.
+
+Every terminal path ends in :func:`capture`, which builds the dead letter
+(:mod:`.letters`) and hands it to the sink (:mod:`.sink`):
+
+- ``task_failure``: exhausted retries, permanent errors, hard time limits, workers lost
+  beyond their cap, ``Reject(requeue=False)``;
+- ``task_revoked(expired=True)``: expired messages;
+- :class:`DeadLetterConsumer`: poison messages (an unknown task name, no task header, a
+  body that does not decode, a content type that is not accepted such as pickle),
+  recorded before Celery discards them (``worker_consumer``, see
+  :data:`jobs_platform.deadletter.CONSUMER`).
+
+Some of these run in the worker's main process: there :class:`DeadLetterRequest` marks the
+request it is finishing (a thread-local), so that the letter sees the message's headers and
+history, and the database write is handed to the drainer thread (:mod:`.drainer`): the
+consumer's event loop never waits on a database.
+
+Receivers never raise (Celery would only log it): a failure here is logged at ERROR with
+its traceback and counted as ``jobs_dead_letter_write_failures_total{stage="receiver"}``.
+SQLAlchemy is imported only when a job dies or a pool process starts, never at
+``import jobs_platform``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from celery import signals
+from celery.worker.consumer.consumer import Consumer
+from celery.worker.request import Request
+
+from jobs_platform import history, process_local
+from jobs_platform.deadletter.letters import expired_letter, failure_letter, poison_letter
+from jobs_platform.deadletter.metrics import WRITE_FAILURES
+from jobs_platform.deadletter.record import DeadLetter
+
+logger = logging.getLogger("jobs_platform.deadletter")
+
+DEFAULT_REQUEST = "celery.worker.request:Request"
+
+_local = threading.local()
+
+
+@contextmanager
+def finishing(request: Any) -> Iterator[None]:
+    """Mark ``request`` (a worker ``Request``) as the one this thread is finishing."""
+    previous = getattr(_local, "request", None)
+    _local.request = request
+    try:
+        yield
+    finally:
+        _local.request = previous
+
+
+def _current_request() -> Any:
+    return getattr(_local, "request", None)
+
+
+def capture(
+    app: Any, build: Callable[..., DeadLetter], *build_args: Any, main_process: bool = False
+) -> None:
+    """Build a dead letter and hand it to the sink; never raises.
+
+    In the worker's main process (``main_process``, or while it finishes a request) the
+    database write is handed to the drainer thread, woken at once.
+    """
+    try:
+        # SQLAlchemy (through the sink): on failure only.
+        from jobs_platform.deadletter.drainer import wake
+        from jobs_platform.deadletter.sink import sink_for
+
+        in_main = main_process or _current_request() is not None
+        sink_for(app).capture(build(*build_args), handoff=wake if in_main else None)
+    except Exception:
+        WRITE_FAILURES.labels("receiver").inc()
+        logger.exception(
+            "jobs.dlq.receiver_failed: a dead letter could not be captured",
+            extra={"event": "jobs.dlq.receiver_failed"},
+        )
+
+
+# -- signal receivers -----------------------------------------------------------------------
+
+
+def _enabled(sender: Any) -> bool:
+    app = getattr(sender, "app", None)
+    return app is not None and getattr(app, "jobs_settings", None) is not None
+
+
+def on_task_failure(
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    args: Any = None,
+    kwargs: Any = None,
+    einfo: Any = None,
+    **_: Any,
+) -> None:
+    if not _enabled(sender) or exception is None:
+        return
+    if getattr(getattr(sender, "request", None), "is_eager", False):
+        return  # eager calls raise to their caller; nothing was queued
+    capture(
+        sender.app,
+        failure_letter,
+        sender,
+        task_id,
+        exception,
+        args,
+        kwargs,
+        einfo,
+        _current_request(),
+    )
+
+
+def on_task_revoked(
+    sender: Any = None, request: Any = None, expired: bool = False, **_: Any
+) -> None:
+    if expired and _enabled(sender):
+        capture(sender.app, expired_letter, sender, request, _current_request())
+
+
+def on_worker_process_init(**_: Any) -> None:
+    """A new pool process: drop what it inherited (engines, clients), load the capture path."""
+    process_local.forget_inherited()
+    # Now, not on the child's first failing task.
+    importlib.import_module("jobs_platform.deadletter.drainer")
+
+
+def connect() -> None:
+    """Connect the receivers once per process (they serve every jobs-platform app)."""
+    signals.task_failure.connect(on_task_failure, weak=False, dispatch_uid="jobs.dlq.failure")
+    signals.task_revoked.connect(on_task_revoked, weak=False, dispatch_uid="jobs.dlq.revoked")
+    signals.worker_process_init.connect(
+        on_worker_process_init, weak=False, dispatch_uid="jobs.forget_inherited"
+    )
+
+
+# -- the worker's main process --------------------------------------------------------------
+
+
+class DeadLetterRequest(Request):  # type: ignore[misc]
+    """Celery's Request, marking itself as being finished while it reports a failure or
+    an expiry (the receivers then run in the main process, with ``sender.request`` empty)."""
+
+    def on_failure(
+        self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False
+    ) -> Any:
+        with finishing(self):
+            return super().on_failure(exc_info, send_failed_event, return_ok)
+
+    def on_timeout(self, soft: bool, timeout: float) -> Any:
+        with finishing(self):
+            return super().on_timeout(soft, timeout)
+
+    def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> Any:
+        with finishing(self):
+            return super()._announce_revoked(reason, terminated, signum, expired)
+
+
+def _type_name(exc: BaseException | None, default: str) -> str:
+    if exc is None:
+        return default
+    return history.qualified_name(type(exc))
+
+
+class DeadLetterConsumer(Consumer):  # type: ignore[misc]
+    """Celery's consumer, recording poison messages before it discards them.
+
+    It also gives every task the :class:`DeadLetterRequest`, unless the task chose its own
+    ``Request`` class.
+    """
+
+    def update_strategies(self) -> None:
+        for task in self.app.tasks.values():
+            if task.Request == DEFAULT_REQUEST or task.Request is Request:
+                task.Request = DeadLetterRequest
+        super().update_strategies()
+
+    def _poison(self, message: Any, error_type: str, error: str) -> None:
+        capture(
+            self.app, poison_letter, message, error_type, error, self.hostname, main_process=True
+        )
+
+    def on_unknown_message(self, body: Any, message: Any) -> Any:
+        self._poison(
+            message,
+            "jobs_platform.UnknownMessage",
+            "message has no task header (not a Celery task message)",
+        )
+        return super().on_unknown_message(body, message)
+
+    def on_unknown_task(self, body: Any, message: Any, exc: BaseException) -> Any:
+        name = (message.headers or {}).get("task") if isinstance(message.headers, dict) else None
+        self._poison(message, "celery.exceptions.NotRegistered", f"unknown task {name!r}")
+        return super().on_unknown_task(body, message, exc)
+
+    def on_invalid_task(self, body: Any, message: Any, exc: BaseException) -> Any:
+        self._poison(message, _type_name(exc, "celery.exceptions.InvalidTaskError"), str(exc))
+        return super().on_invalid_task(body, message, exc)
+
+    def on_decode_error(self, message: Any, exc: BaseException) -> Any:
+        self._poison(message, _type_name(exc, "kombu.exceptions.DecodeError"), str(exc))
+        return super().on_decode_error(message, exc)

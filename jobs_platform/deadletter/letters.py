@@ -1,0 +1,260 @@
+"""A :class:`~.record.DeadLetter` built from what Celery knows when a job dies.
+
+:func:`failure_letter` (``task_failure``: exhausted retries, permanent errors, hard time
+limits, workers lost beyond their cap, ``Reject(requeue=False)``), :func:`expired_letter`
+(``task_revoked(expired=True)``) and :func:`poison_letter` (a message the consumer cannot
+run). No side effect here: :mod:`.hooks` decides when to build one and where it goes.
+
+Some signals fire in the pool child (``sender.request`` is the task's context) and some in
+the worker's main process, where Celery leaves ``sender.request`` empty; there the hooks
+pass the worker ``Request`` being finished (``finishing``), so every path sees the
+message's headers, queue and history.
+
+The exception ``task_failure`` receives is not always the one the task raised: Celery swaps
+one it cannot pickle (urllib's ``HTTPError``, httpx's ``HTTPStatusError``) for a stand-in
+such as ``OSError()``. When :class:`~jobs_platform.task.ReliableTask` gives up it notes the
+original failure on the task's request (:func:`jobs_platform.history.note_final_failure`),
+and that note wins.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import json
+from typing import Any
+
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.app.task import Context
+from celery.exceptions import Reject
+
+from jobs_platform import history
+from jobs_platform.clock import utcnow
+from jobs_platform.deadletter.record import DeadLetter, parse_time, row_id_or_none
+from jobs_platform.retry.classify import http_status
+
+
+@dataclasses.dataclass
+class Origin:
+    """What the worker knew about the message when the job died."""
+
+    headers: dict[str, Any]
+    delivery_info: dict[str, Any]
+    hostname: str | None
+    retries: int
+    args: Any = None
+    kwargs: Any = None
+    #: The failure ReliableTask recorded on the task's request (pool child only).
+    failure: dict[str, Any] | None = None
+
+
+def origin_of(sender: Any, task_id: str | None, finishing: Any = None) -> Origin:
+    """From the worker ``Request`` being finished (main process) or the task's context."""
+    if finishing is not None and finishing.id == task_id:
+        data = dict(finishing.request_dict)
+        return Origin(
+            headers=dict(Context(data).headers or {}),
+            delivery_info=dict(finishing.delivery_info or {}),
+            hostname=finishing.hostname,
+            retries=int(data.get("retries") or 0),
+            args=finishing.args,
+            kwargs=finishing.kwargs,
+        )
+    context = getattr(sender, "request", None)
+    if context is not None and getattr(context, "id", None) == task_id:
+        return Origin(
+            headers=dict(context.headers or {}),
+            delivery_info=dict(context.delivery_info or {}),
+            hostname=context.hostname,
+            retries=int(context.retries or 0),
+            args=context.args,
+            kwargs=context.kwargs,
+            failure=history.final_failure(context),
+        )
+    return Origin(headers={}, delivery_info={}, hostname=None, retries=0)
+
+
+def reason_for(exc: BaseException, failure: dict[str, Any] | None = None) -> str:
+    if failure is not None:
+        return str(failure["outcome"])
+    if isinstance(exc, TimeLimitExceeded):
+        return "time_limit"
+    if isinstance(exc, WorkerLostError):
+        return "worker_lost"
+    if isinstance(exc, Reject):
+        return "rejected"
+    return "permanent"  # a plain task that failed and will not be retried
+
+
+def final_entry(exc: BaseException, failure: dict[str, Any] | None, attempt: int) -> dict[str, Any]:
+    """The last error of the history, with its HTTP ``status`` when there is one."""
+    if failure is not None:
+        entry = history.entry(
+            failure["type"],
+            failure["message"],
+            attempt,
+            at=failure.get("at") if isinstance(failure.get("at"), str) else None,
+        )
+        status = failure.get("status")
+    else:
+        entry = history.describe(exc, attempt)
+        status = http_status(exc)  # a plain task's exception, when Celery kept it
+    if isinstance(status, int) and not isinstance(status, bool):
+        entry["status"] = status
+    return entry
+
+
+def _letter(
+    task: Any,
+    task_id: str | None,
+    origin: Origin,
+    *,
+    reason: str,
+    final: dict[str, Any] | None,
+    attempts: int,
+    args: Any,
+    kwargs: Any,
+    traceback: str | None,
+) -> DeadLetter:
+    headers = origin.headers
+    errors = history.errors_of(headers) + ([final] if final else [])
+    delivery = origin.delivery_info
+    enqueued = headers.get(history.ENQUEUED_HEADER)
+    replay_of = headers.get(history.REPLAY_OF_HEADER)
+    return DeadLetter(
+        reason=reason,
+        task_id=task_id,
+        task_name=str(task.name),
+        queue=str(delivery.get("routing_key") or getattr(task, "queue_class", "") or ""),
+        errors=errors,
+        failed_at=utcnow(),
+        args=list(args) if args is not None else None,
+        kwargs=dict(kwargs) if kwargs is not None else None,
+        headers={k: v for k, v in headers.items() if k != history.ERRORS_HEADER},
+        priority=delivery.get("priority"),
+        exchange=delivery.get("exchange"),
+        routing_key=delivery.get("routing_key"),
+        attempts=attempts,
+        traceback=traceback,
+        worker=origin.hostname,
+        enqueued_at=parse_time(enqueued),
+        replay_of=row_id_or_none(replay_of),
+        chain=str(enqueued or ""),
+    )
+
+
+def failure_letter(
+    sender: Any,
+    task_id: str | None,
+    exc: BaseException,
+    args: Any,
+    kwargs: Any,
+    einfo: Any,
+    finishing: Any = None,
+) -> DeadLetter:
+    origin = origin_of(sender, task_id, finishing)
+    attempt = origin.retries + 1
+    return _letter(
+        sender,
+        task_id,
+        origin,
+        reason=reason_for(exc, origin.failure),
+        final=final_entry(exc, origin.failure, attempt),
+        attempts=attempt,
+        args=args if args is not None else origin.args,
+        kwargs=kwargs if kwargs is not None else origin.kwargs,
+        traceback=str(getattr(einfo, "traceback", "") or "") or None,
+    )
+
+
+def expired_letter(sender: Any, request: Any, finishing: Any = None) -> DeadLetter:
+    task_id = getattr(request, "id", None)
+    origin = origin_of(sender, task_id, finishing)
+    expires = getattr(request, "expires", None)
+    final = history.entry(
+        "celery.exceptions.TaskRevokedError",
+        f"expired at {expires} before it ran",
+        origin.retries + 1,
+    )
+    return _letter(
+        sender,
+        task_id,
+        origin,
+        reason="expired",
+        final=final,
+        attempts=origin.retries,
+        args=origin.args,
+        kwargs=origin.kwargs,
+        traceback=None,
+    )
+
+
+# -- poison messages: never became a task -------------------------------------------------
+
+
+def raw_body(message: Any) -> tuple[str | None, str | None]:
+    """The body as stored: ``(text, "utf-8")`` or ``(base64, "base64")``."""
+    body = getattr(message, "body", None)
+    if body is None:
+        return None, None
+    if isinstance(body, str):
+        return body, "utf-8"
+    data = bytes(body)
+    try:
+        return data.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        return base64.b64encode(data).decode("ascii"), "base64"
+
+
+def _json_safe(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=repr))
+
+
+def _decoded_call(message: Any) -> tuple[Any, Any]:
+    """args/kwargs of a JSON task message (so a replay works once the task exists)."""
+    if getattr(message, "content_type", None) != "application/json":
+        return None, None  # never decode anything else: pickle would run code
+    try:
+        payload = json.loads(message.body)
+    except (TypeError, ValueError, binascii.Error):
+        return None, None
+    if isinstance(payload, list) and len(payload) >= 2:
+        args, kwargs = payload[0], payload[1]
+        if isinstance(args, list) and isinstance(kwargs, dict):
+            return args, kwargs
+    return None, None
+
+
+def poison_letter(message: Any, error_type: str, error: str, hostname: str | None) -> DeadLetter:
+    """The raw message as it arrived (base64 body when not UTF-8; pickle never unpickled)."""
+    headers = message.headers if isinstance(getattr(message, "headers", None), dict) else {}
+    properties = getattr(message, "properties", None) or {}
+    delivery = getattr(message, "delivery_info", None) or {}
+    text, encoding = raw_body(message)
+    args, kwargs = _decoded_call(message)
+    task_id = headers.get("id") or properties.get("correlation_id")
+    tag = properties.get("delivery_tag") or delivery.get("delivery_tag") or ""
+    replay_of = headers.get(history.REPLAY_OF_HEADER)
+    return DeadLetter(
+        reason="poison",
+        task_id=str(task_id) if task_id else None,
+        task_name=str(headers.get("task") or ""),
+        queue=str(delivery.get("routing_key") or ""),
+        errors=[history.entry(error_type, error, 1)],
+        failed_at=utcnow(),
+        args=args,
+        kwargs=kwargs,
+        headers=_json_safe(headers),
+        priority=properties.get("priority") or delivery.get("priority"),
+        exchange=delivery.get("exchange"),
+        routing_key=delivery.get("routing_key"),
+        raw_body=text,
+        raw_body_encoding=encoding,
+        content_type=getattr(message, "content_type", None),
+        content_encoding=getattr(message, "content_encoding", None),
+        attempts=0,
+        worker=hostname,
+        replay_of=row_id_or_none(replay_of),
+        chain=str(headers.get(history.ENQUEUED_HEADER) or tag),
+    )
