@@ -16,9 +16,9 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
+from jobs_platform import rules
 from jobs_platform.deadletter import CONSUMER as DEAD_LETTER_CONSUMER
 from jobs_platform.deadletter import install as install_dead_letters
-from jobs_platform.errors import ConfigError
 from jobs_platform.history import qualified_name
 from jobs_platform.idempotency import unique
 from jobs_platform.routing import QUEUE_NAMES, Router
@@ -61,21 +61,17 @@ class JobsCelery(Celery):  # type: ignore[misc]
 
     def check_invariants(self) -> None:
         """Refuse to run when the live configuration no longer matches the pinned one."""
-        from jobs_platform.invariants import check_task_limits
         from jobs_platform.task import ReliableTask
 
         vt = float(self.conf.broker_transport_options.get("visibility_timeout", 0))
         settings = self.jobs_settings
-        if vt != settings.visibility_timeout:
-            raise ConfigError(
-                f"broker visibility_timeout {vt:g} s differs from JOBS_VISIBILITY_TIMEOUT "
-                f"{settings.visibility_timeout:g} s; set it only through jobs-platform settings"
-            )
+        rules.check_live_visibility(vt, settings.visibility_timeout)
         for name, task in self._tasks.items():  # not .tasks: that would finalize again
             if isinstance(task, ReliableTask):
-                check_task_limits(
+                # The limits Celery will apply, which a later setattr could have changed.
+                rules.check_task_limits(
                     name,
-                    task.retry_policy,
+                    longest_wait_s=task.spec.policy.longest_wait_s,
                     hard_limit_s=task.time_limit,
                     soft_limit_s=task.soft_time_limit,
                     visibility_timeout_s=vt,

@@ -10,17 +10,15 @@ it there; a unit test keeps them in step).
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from jobs_platform import rules
 from jobs_platform.errors import ConfigError
-from jobs_platform.invariants import check_visibility
 from jobs_platform.retry.policy import RetryPolicy
-from jobs_platform.urls import BROKER_SCHEMES, check_broker_url
 
 ENV_PREFIX = "JOBS_"
 logger = logging.getLogger("jobs_platform.settings")
@@ -139,30 +137,7 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
-        from jobs_platform.routing import check_queue
-
-        check_broker_url(self.broker_url, setting=env_name("broker_url"))
-        if self.result_backend.split("://", 1)[0] in BROKER_SCHEMES:
-            check_broker_url(self.result_backend, setting=env_name("result_backend"))
-        if self.dispatch_timeout <= 0:
-            raise ConfigError("dispatch_timeout must be > 0 seconds")
-        check_visibility(
-            visibility_timeout_s=self.visibility_timeout, margin_s=self.visibility_margin
-        )
-        if self.unacked_restore_interval <= 0:
-            raise ConfigError("unacked_restore_interval must be > 0 seconds")
-        if self.result_expires <= 0:
-            raise ConfigError("result_expires must be > 0 seconds")
-        if self.dlq_drain_interval <= 0 or self.dlq_webhook_interval <= 0:
-            raise ConfigError("dlq_drain_interval and dlq_webhook_interval must be > 0 seconds")
-        if self.dlq_write_attempts < 1:
-            raise ConfigError("dlq_write_attempts must be >= 1")
-        if self.idempotency_key_ttl <= 0:
-            raise ConfigError("idempotency_key_ttl must be > 0 seconds")
-        check_queue(self.default_queue, what="default_queue")
-        for pattern, queue in self.routes.items():
-            check_queue(queue, what=f"routes[{pattern!r}]")
-        self.default_policy()  # validates the retry defaults
+        rules.check_settings(self)
 
     def default_policy(self) -> RetryPolicy:
         return RetryPolicy(
@@ -199,20 +174,13 @@ def env_name(name: str) -> str:
 
 
 def _warn_near_misses(environ: Mapping[str, str], known: Mapping[str, object]) -> None:
-    """Warn about ``JOBS_*`` variables that are not settings but look like one (a typo is
-    otherwise silently ignored and the default applies)."""
-    names = [env_name(name) for name in known]
-    for variable in sorted(environ):
-        if not variable.startswith(ENV_PREFIX) or variable in names:
-            continue
-        close = difflib.get_close_matches(variable, names, n=1, cutoff=0.8)
-        if close:
-            logger.warning(
-                "%s is not a jobs-platform setting and is ignored; did you mean %s?",
-                variable,
-                close[0],
-                extra={"event": "jobs.settings.unknown_env"},
-            )
+    for variable, setting in rules.unknown_env_hints(environ, [env_name(k) for k in known]).items():
+        logger.warning(
+            "%s is not a jobs-platform setting and is ignored; did you mean %s?",
+            variable,
+            setting,
+            extra={"event": "jobs.settings.unknown_env"},
+        )
 
 
 def _parse(field: dataclasses.Field[Any], raw: str) -> Any:

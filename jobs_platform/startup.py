@@ -16,10 +16,7 @@ from typing import Any
 from celery import bootsteps
 from celery.utils.text import str_to_list
 
-from jobs_platform.errors import ConfigError
-
-#: Pools that kill a task at its hard time limit.
-LIMIT_ENFORCING_POOLS = frozenset({"prefork"})
+from jobs_platform import rules
 
 
 def pool_name(pool_cls: Any) -> str:
@@ -34,20 +31,8 @@ class RefuseUnsafePool(bootsteps.Step):  # type: ignore[misc]
 
     def __init__(self, worker: Any, **kwargs: Any) -> None:
         super().__init__(worker, **kwargs)
-        name = pool_name(worker.pool_cls)
-        if name not in LIMIT_ENFORCING_POOLS:
-            raise ConfigError(
-                f"the {name!r} pool does not enforce hard time limits, so a hung task could "
-                "outlive the visibility timeout and run twice; start the worker with "
-                "-P prefork (see `celery -A APP worker-profile QUEUE --print`)"
-            )
-        prefetch = int(getattr(worker, "prefetch_multiplier", 1) or 1)
-        if prefetch != 1:
-            raise ConfigError(
-                f"--prefetch-multiplier {prefetch}: with late acks a prefetched message waits "
-                "unacknowledged behind a running task and can outlive the visibility timeout; "
-                "jobs-platform pins it to 1"
-            )
+        rules.check_pool(pool_name(worker.pool_cls))
+        rules.check_prefetch(int(getattr(worker, "prefetch_multiplier", 1) or 1))
 
 
 def with_queue_check(worker_cls: Any) -> Any:
@@ -59,15 +44,10 @@ def with_queue_check(worker_cls: Any) -> Any:
 
     class Worker(worker_cls):  # type: ignore[misc]
         def setup_queues(self, include: Any, exclude: Any = None) -> None:
-            declared = list(self.app.amqp.queues)
-            named = [*(str_to_list(include) or ()), *(str_to_list(exclude) or ())]
-            unknown = [q for q in named if q not in declared]
-            if unknown:
-                raise ConfigError(
-                    f"-Q/-X {', '.join(unknown)}: no such queue; the queues are "
-                    f"{', '.join(declared)} (queues are declared by jobs-platform, never "
-                    "created on the fly)"
-                )
+            rules.check_queue_selection(
+                [*(str_to_list(include) or ()), *(str_to_list(exclude) or ())],
+                list(self.app.amqp.queues),
+            )
             super().setup_queues(include, exclude)
 
     return Worker

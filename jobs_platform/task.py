@@ -10,14 +10,13 @@ Options use Celery's names where Celery has one (``max_retries``, ``retry_backof
 ``retry_backoff_max``, ``retry_jitter``, ``time_limit``, ``soft_time_limit``), plus
 ``queue``, ``transient_errors``, ``permanent_errors``, ``retry_unknown_errors``,
 ``classifier``, ``business_key`` and ``unique_for`` (:mod:`jobs_platform.idempotency`).
-They are validated when the task is declared.
+When the task is declared they are resolved into its :class:`~jobs_platform.spec.TaskSpec`
+(validated by :mod:`jobs_platform.rules`), which is all the class reads afterwards.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import difflib
-import inspect
 import logging
 from typing import Any, ClassVar
 
@@ -26,44 +25,19 @@ from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError, OperationalError
 
-from jobs_platform import history
+from jobs_platform import history, rules
 from jobs_platform.clock import as_utc, utc_iso, utcnow
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.idempotency import unique
-from jobs_platform.invariants import check_delay, check_task_limits
 from jobs_platform.profiles import PROFILES
 from jobs_platform.retry import classify
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
-from jobs_platform.routing import QUEUE_NAMES, check_queue
+from jobs_platform.spec import OPTIONS, GiveUp, RetryIn, TaskSpec, resolve
 from jobs_platform.urls import masked
 
 logger = logging.getLogger("jobs_platform.task")
 
-_MISSING: Any = object()
-#: Attributes pinned for at-least-once delivery; declaring another value is refused.
-_PINNED = {"acks_late": True, "reject_on_worker_lost": True, "retry_on_worker_lost": True}
-#: Celery options that would bypass classification.
-_REFUSED = ("autoretry_for", "dont_autoretry_for", "retry_kwargs")
-#: Options ReliableTask adds to Celery's (a near miss of one of these is refused).
-RELIABLE_OPTIONS = frozenset(
-    {
-        "queue",
-        "max_retries",
-        "retry_backoff",
-        "retry_backoff_max",
-        "retry_jitter",
-        "retry_unknown_errors",
-        "transient_errors",
-        "permanent_errors",
-        "classifier",
-        "rng",
-        "business_key",
-        "unique_for",
-        "time_limit",
-        "soft_time_limit",
-    }
-)
 #: Keyword arguments of ``@app.task`` that are not Task attributes.
 DECORATOR_OPTIONS = frozenset(
     {
@@ -84,8 +58,8 @@ DECORATOR_OPTIONS = frozenset(
 class ReliableTask(celery.Task):  # type: ignore[misc]
     """Base class for tasks that must survive failure. See the module docstring."""
 
-    # Placeholders until bind() fills them from the declaration or the settings table
-    # (only values declared by a subclass count: see _declared()).
+    # The options and their defaults, for readers: what a task declares is resolved into
+    # ``spec`` at bind time (only values declared by a subclass count: see _declared()).
     #: Retries after the first attempt; default ``JOBS_MAX_RETRIES``. ``None`` (forever) is refused.
     max_retries: ClassVar[Any] = None
     #: First backoff window in seconds (doubles per retry); default ``JOBS_RETRY_BACKOFF``.
@@ -105,7 +79,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     rng: ClassVar[UniformRng | None] = None
     #: Argument names that identify the logical job (e.g. ``("invoice_id",)``); they give
     #: ``idempotency_key`` and the unique-dispatch lock (:mod:`jobs_platform.idempotency.unique`).
-    business_key: ClassVar[tuple[str, ...]] = ()
+    business_key: ClassVar[Any] = ()
     #: Seconds: while such a job is queued or running, dispatching it again returns its id.
     unique_for: ClassVar[float | None] = None
 
@@ -114,16 +88,15 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     retry_on_worker_lost = True
     typing = True  # wrong arguments fail at dispatch, not in the worker
 
-    # Resolved at bind time.
-    retry_policy: ClassVar[RetryPolicy]
-    queue_class: ClassVar[str]
+    #: The resolved declaration (set when the task is bound to its app).
+    spec: ClassVar[TaskSpec]
 
     # -- declaration ---------------------------------------------------------------------------
 
     @classmethod
     def bind(cls, app: Any) -> Any:
-        # Celery deprecates a `queue` class attribute in favour of task_routes, so we move the
-        # declared queue into the app's routing table (data) before Celery looks at it.
+        # Celery deprecates a `queue` class attribute in favour of task_routes: the declared
+        # queue goes into the spec and the app's routing table instead.
         if cls is not ReliableTask and "queue" in cls.__dict__:
             cls._declared_queue = cls.__dict__["queue"]
             delattr(cls, "queue")
@@ -142,65 +115,20 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         return bound
 
     @classmethod
-    def _declared(cls, attr: str) -> Any:
-        """The value a subclass (not ReliableTask or Celery) declared for ``attr``."""
+    def _declared(cls) -> dict[str, Any]:
+        """The options a subclass (not ReliableTask or Celery) declared, nearest first."""
+        declared: dict[str, Any] = {}
         for klass in cls.__mro__:
             if klass is ReliableTask:
-                return _MISSING
-            if attr in klass.__dict__:
-                return klass.__dict__[attr]
-        return _MISSING
-
-    @classmethod
-    def _option(cls, attr: str, default: Any) -> Any:
-        value = cls._declared(attr)
-        return default if value is _MISSING else value
-
-    @classmethod
-    def _check_refused_and_pinned(cls) -> None:
-        for attr in _REFUSED:
-            if cls._declared(attr) not in (_MISSING, (), None, {}):
-                raise ConfigError(
-                    f"task {cls.name!r}: {attr} is not used with ReliableTask; every exception is "
-                    "classified instead (use transient_errors / permanent_errors)"
-                )
-        for attr, pinned in _PINNED.items():
-            if cls._declared(attr) not in (_MISSING, pinned):
-                raise ConfigError(
-                    f"task {cls.name!r}: {attr} is pinned to {pinned} by ReliableTask"
-                )
-
-    @classmethod
-    def _resolve_policy(cls, settings: Any) -> RetryPolicy:
-        max_retries = cls._option("max_retries", settings.max_retries)
-        if max_retries is None:
-            raise ConfigError(
-                f"task {cls.name!r}: max_retries=None would retry forever; give a number"
-            )
-        for attr in ("retry_backoff", "retry_backoff_max"):
-            if isinstance(cls._option(attr, 0), bool):
-                raise ConfigError(f"task {cls.name!r}: {attr} is a number of seconds, not a bool")
-        try:
-            return RetryPolicy(
-                max_retries=max_retries,
-                backoff_s=cls._option("retry_backoff", settings.retry_backoff),
-                backoff_max_s=cls._option("retry_backoff_max", settings.retry_backoff_max),
-                jitter=bool(cls._option("retry_jitter", settings.retry_jitter)),
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"task {cls.name!r}: {exc}") from None
-
-    @classmethod
-    def _resolve_queue(cls, app: Any) -> str:
-        queue = getattr(cls, "_declared_queue", None) or app.jobs_router.queue_for(cls.name)
-        if queue is None:
-            raise ConfigError(
-                f"task {cls.name!r} has no queue: pass queue=... (one of fast, heavy, thirdparty) "
-                "or add a route for it"
-            )
-        queue = check_queue(queue, what=f"task {cls.name!r}")
-        app.jobs_router.declare(cls.name, queue)
-        return queue
+                break
+            for name in (*OPTIONS, *rules.PINNED, *rules.REFUSED):
+                if name in klass.__dict__ and name not in declared:
+                    declared[name] = klass.__dict__[name]
+        if getattr(cls, "_declared_queue", None) is not None:
+            declared.setdefault("queue", cls._declared_queue)
+        if isinstance(declared.get("classifier"), staticmethod):
+            declared["classifier"] = declared["classifier"].__func__
+        return declared
 
     @classmethod
     def _configure(cls, app: Any) -> None:
@@ -210,47 +138,21 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 f"task {cls.name!r} uses ReliableTask on an app not made by "
                 "jobs_platform.create_app(); the reliability settings would not be pinned"
             )
-        cls._check_refused_and_pinned()
-        cls._check_option_names()
-        policy = cls._resolve_policy(settings)
-        queue = cls._resolve_queue(app)
-
-        profile = PROFILES[queue]
-        hard = cls._option("time_limit", None)
-        hard = profile.time_limit_s if hard is None else hard
-        soft = cls._option("soft_time_limit", None)
-        soft = min(profile.soft_time_limit_s, hard * 0.9) if soft is None else soft
-        check_task_limits(
+        rules.check_declared_attribute_names(
+            vars(cls), task=cls.name, known=TASK_OPTIONS, options=OPTIONS
+        )
+        declared = cls._declared()
+        spec = resolve(
             cls.name,
-            policy,
-            hard_limit_s=hard,
-            soft_limit_s=soft,
-            visibility_timeout_s=settings.visibility_timeout,
-            margin_s=settings.visibility_margin,
+            declared,
+            settings=settings,
+            routed_queue=app.jobs_router.queue_for(cls.name),
+            run=cls.run,
         )
-        option = cls._option
-        transient = _exception_types(cls.name, "transient_errors", option("transient_errors", ()))
-        permanent = _exception_types(cls.name, "permanent_errors", option("permanent_errors", ()))
-        classifier = option("classifier", classify.default_classifier)
-        if not callable(classifier):
-            raise ConfigError(f"task {cls.name!r}: classifier must be callable(exc, attempt)")
-
-        cls.retry_policy = policy
-        cls.queue_class = queue
-        cls.max_retries = policy.max_retries
-        cls.retry_backoff = policy.backoff_s
-        cls.retry_backoff_max = policy.backoff_max_s
-        cls.retry_jitter = policy.jitter
-        cls.retry_unknown_errors = bool(
-            option("retry_unknown_errors", settings.retry_unknown_errors)
-        )
-        cls.default_retry_delay = policy.backoff_s  # used by Celery's worker-lost retry
-        cls.time_limit, cls.soft_time_limit = hard, soft
-        cls.transient_errors, cls.permanent_errors = transient, permanent
-        cls.classifier = staticmethod(classifier)
-        cls.business_key, cls.unique_for = unique.check_declaration(
-            cls.name, cls.run, option("business_key", ()), option("unique_for", None)
-        )
+        app.jobs_router.declare(cls.name, spec.queue)
+        cls.spec = spec
+        for attr, value in spec.celery_attributes().items():
+            setattr(cls, attr, value)  # Celery's own interface: the worker reads these
         if "__header__" not in vars(cls):
             # Celery gives decorated tasks an argument checker but not class-based ones; without
             # it `X.delay(1, "t", 3)` is enqueued and only fails (dead-lettered) in the worker.
@@ -258,27 +160,23 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 _named_checker(cls.name, app.type_checker(cls.run, bound=True))
             )
 
-    @classmethod
-    def _check_option_names(cls) -> None:
-        """Refuse class attributes that look like a misspelt option (``transient_error``)."""
-        for attr, value in vars(cls).items():
-            if attr.startswith("_") or callable(value) or attr in TASK_OPTIONS:
-                continue
-            hint = difflib.get_close_matches(attr, sorted(RELIABLE_OPTIONS), n=1, cutoff=0.8)
-            if hint:
-                raise ConfigError(
-                    f"task {cls.name!r}: {attr!r} is not a task option; did you mean {hint[0]!r}?"
-                )
-
     @property
     def queue(self) -> str:
         """The queue this task is routed to (declared, or from ``JOBS_ROUTES``)."""
-        return self.queue_class
+        return self.spec.queue
+
+    @property
+    def queue_class(self) -> str:
+        return self.spec.queue
+
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        return self.spec.policy
 
     @property
     def idempotency_key(self) -> str:
         """The running job's stable key (same across retries, redeliveries and replays)."""
-        if not self.business_key:
+        if not self.spec.business_key:
             raise ConfigError(f"task {self.name!r}: declare business_key=(...) to get a key")
         return unique.identity_of(self, self.request.args, self.request.kwargs)
 
@@ -286,20 +184,14 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         if options.get("queue") is not None:
-            queue = options["queue"]
-            name = getattr(queue, "name", queue)  # a kombu Queue or its name
-            if name not in QUEUE_NAMES:
-                raise DispatchError(
-                    f"{self.name}: unknown queue {name!r}; the known queues are "
-                    f"{', '.join(QUEUE_NAMES)}"
-                )
+            rules.check_dispatch_queue(options["queue"], task=self.name)
         delay_s = _delay_seconds(options.get("countdown"), options.get("eta"))
         if delay_s is not None:
             settings = self.app.jobs_settings
-            check_delay(
+            rules.check_dispatch_delay(
                 self.name,
                 delay_s,
-                hard_limit_s=self.time_limit,
+                hard_limit_s=self.spec.time_limit_s,
                 visibility_timeout_s=settings.visibility_timeout,
                 margin_s=settings.visibility_margin,
             )
@@ -307,7 +199,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         if history.ENQUEUED_HEADER not in headers:
             options["headers"] = {**headers, history.ENQUEUED_HEADER: utc_iso()}
         try:
-            if self.unique_for is not None:
+            if self.spec.unique_for_s is not None:
                 return unique.dispatch_once(self, args, kwargs, options, super().apply_async)
             return super().apply_async(args, kwargs, **options)
         except EncodeError as exc:
@@ -324,7 +216,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 f"{_root_message(exc)}"
             ) from exc
 
-    # -- execution -----------------------------------------------------------------------------
+    # -- execution: decide (spec), then record a give-up or publish a retry ---------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -334,65 +226,43 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         except Exception as exc:
             if self.request.called_directly:
                 raise
-            self._after_failure(exc)  # raises Retry, or returns to re-raise exc
+            attempt = self.request.retries + 1
+            step = self.spec.decide(exc, attempt)
+            if isinstance(step, RetryIn):
+                self._publish_retry(exc, attempt, step)  # raises Retry
+            else:
+                self._give_up(exc, attempt, step)
             raise
 
-    def _after_failure(self, exc: Exception) -> None:
+    def _give_up(self, exc: Exception, attempt: int, step: GiveUp) -> None:
+        """Hand the failure, as raised, to the dead-letter receiver; Celery then fails the
+        task once with the original exception."""
+        history.note_final_failure(
+            self.request,
+            history.describe(exc, attempt),
+            status=classify.http_status(exc),
+            outcome=step.outcome,
+        )
+        logger.warning(
+            "%s[%s] gave up (%s) on attempt %d: %s (%s)",
+            self.name,
+            self.request.id,
+            step.outcome,
+            attempt,
+            step.reason,
+            type(exc).__name__,
+            extra={"event": f"jobs.task.{step.outcome}", "task_name": self.name},
+        )
+
+    def _publish_retry(self, exc: Exception, attempt: int, step: RetryIn) -> None:
         request = self.request
-        number = request.retries + 1
-        decision = self.classifier(
-            exc,
-            classify.Attempt(
-                task_name=self.name,
-                number=number,
-                transient_errors=self.transient_errors,
-                permanent_errors=self.permanent_errors,
-                retry_unknown_errors=self.retry_unknown_errors,
-            ),
-        )
-        if isinstance(decision, classify.Fail):
-            history.note_final_failure(
-                request,
-                history.describe(exc, number),
-                status=classify.http_status(exc),
-                outcome="permanent",
-            )
-            logger.warning(
-                "%s[%s] failed permanently on attempt %d: %s (%s)",
-                self.name,
-                request.id,
-                number,
-                decision.reason,
-                type(exc).__name__,
-                extra={"event": "jobs.task.permanent", "task_name": self.name},
-            )
-            return
-        if request.retries >= self.max_retries:
-            history.note_final_failure(
-                request,
-                history.describe(exc, number),
-                status=classify.http_status(exc),
-                outcome="exhausted",
-            )
-            logger.warning(
-                "%s[%s] gave up after %d attempts: %s",
-                self.name,
-                request.id,
-                number,
-                type(exc).__name__,
-                extra={"event": "jobs.task.exhausted", "task_name": self.name},
-            )
-            return
-        delay = self.retry_policy.delay_for(
-            number, retry_after_s=decision.retry_after_s, rng=self.rng
-        )
-        headers = history.with_error(request.headers, history.describe(exc, number))
+        headers = history.with_error(request.headers, history.describe(exc, attempt))
         # Explicit although Celery 5.7 copies it: autoretries have lost it before (#5654).
         priority = (request.delivery_info or {}).get("priority")
         try:
             raise self.retry(
                 exc=exc,
-                countdown=delay,
+                countdown=step.delay_s,
                 queue=self._queue_of(request),
                 priority=priority,
                 headers=headers,
@@ -411,7 +281,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         routing_key = (request.delivery_info or {}).get("routing_key")
         if routing_key in PROFILES:
             return str(routing_key)
-        return self.queue_class
+        return self.spec.queue
 
     def signature_from_request(
         self,
@@ -438,24 +308,15 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
 #: Every name a task declaration may set: Celery's Task attributes, ours, the decorator's.
 TASK_OPTIONS = frozenset(
     {name for name in dir(ReliableTask) if not name.startswith("_")}
-    | RELIABLE_OPTIONS
+    | OPTIONS
     | DECORATOR_OPTIONS
-    | set(_REFUSED)  # refused later with a message of their own
+    | set(rules.REFUSED)  # refused later with a message of their own
 )
 
 
 def check_task_options(names: Any, *, task: str) -> None:
-    """Refuse ``@app.task(...)`` options that no task reads, with a "did you mean" hint.
-
-    Celery turns every keyword into a class attribute, so ``transient_error=(X,)`` would be
-    silently ignored and X never retried.
-    """
-    for name in names:
-        if name in TASK_OPTIONS:
-            continue
-        hint = difflib.get_close_matches(name, sorted(TASK_OPTIONS), n=1, cutoff=0.6)
-        suggestion = f"; did you mean {hint[0]!r}?" if hint else ""
-        raise ConfigError(f"task {task}: unknown option {name!r}{suggestion}")
+    """``@app.task(...)`` options no task reads are refused (see rules)."""
+    rules.check_declared_option_names(names, task=task, known=TASK_OPTIONS)
 
 
 def _named_checker(task: str, check: Any) -> Any:
@@ -506,11 +367,3 @@ def _delay_seconds(countdown: Any, eta: Any) -> float | None:
         return None
     when: dt.datetime = dt.datetime.fromisoformat(eta) if isinstance(eta, str) else eta
     return max(0.0, (as_utc(when) - utcnow()).total_seconds())
-
-
-def _exception_types(task: str, attr: str, value: Any) -> tuple[type[BaseException], ...]:
-    items = value if isinstance(value, tuple | list) else (value,)
-    for item in items:
-        if not (inspect.isclass(item) and issubclass(item, BaseException)):
-            raise ConfigError(f"task {task!r}: {attr} must hold exception classes, got {item!r}")
-    return tuple(items)

@@ -28,7 +28,7 @@ from typing import Any
 import redis
 from celery import signals
 
-from jobs_platform.errors import ConfigError, DispatchError
+from jobs_platform.errors import DispatchError
 from jobs_platform.idempotency import events
 from jobs_platform.process_local import per_process, redis_client
 
@@ -52,28 +52,6 @@ return 0
 _FINAL_STATES = frozenset({"SUCCESS", "FAILURE"})
 
 
-def check_declaration(
-    task_name: str, run: Callable[..., Any], business_key: Any, unique_for: Any
-) -> tuple[tuple[str, ...], float | None]:
-    """Validate ``business_key`` / ``unique_for`` when the task is declared."""
-    names = (business_key,) if isinstance(business_key, str) else tuple(business_key or ())
-    params = inspect.signature(run).parameters
-    accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    for name in names:
-        if not isinstance(name, str) or (name not in params and not accepts_any):
-            raise ConfigError(
-                f"task {task_name!r}: business_key {name!r} is not an argument of the task "
-                f"(arguments: {', '.join(params)})"
-            )
-    if unique_for is None:
-        return names, None
-    if isinstance(unique_for, bool) or not isinstance(unique_for, int | float) or unique_for <= 0:
-        raise ConfigError(
-            f"task {task_name!r}: unique_for is a number of seconds > 0, got {unique_for!r}"
-        )
-    return names, float(unique_for)
-
-
 def business_identity(task_name: str, values: Mapping[str, Any]) -> str:
     """``"<task>:<name>=<json>,..."``: the stable identity of one logical job."""
     parts = ",".join(
@@ -89,7 +67,7 @@ def business_identity(task_name: str, values: Mapping[str, Any]) -> str:
 
 def identity_of(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> str:
     """The identity of ``task`` called with ``args``/``kwargs`` (its business key values)."""
-    names: tuple[str, ...] = task.business_key
+    names: tuple[str, ...] = task.spec.business_key
     try:
         bound = inspect.signature(task.run).bind(*(args or ()), **(kwargs or {}))
     except TypeError as exc:
@@ -152,7 +130,7 @@ def dispatch_once(
         return publish(args, kwargs, **options)
     task_id = _new_id()
     locks = locks_for(task.app.conf.broker_url)
-    holder, acquired = locks.acquire(identity, task_id, task.unique_for)
+    holder, acquired = locks.acquire(identity, task_id, task.spec.unique_for_s)
     if holder != task_id:
         events.skipped(
             task.name,
@@ -178,7 +156,8 @@ def _new_id() -> str:
 
 
 def release_for(task: Any, task_id: str | None, args: Any, kwargs: Any) -> None:
-    if not task_id or getattr(task, "unique_for", None) is None:
+    spec = getattr(task, "spec", None)
+    if not task_id or spec is None or spec.unique_for_s is None:
         return
     try:
         identity = identity_of(task, args, kwargs)

@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from jobs_platform.errors import ConfigError
+from jobs_platform import rules
 from jobs_platform.retry.backoff import UniformRng, equal_jitter_delay
-
-#: A ceiling on ``max_retries``: unbounded retries are how "a bug that retries forever" happens.
-MAX_RETRIES_CEILING = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,29 +24,7 @@ class RetryPolicy:
     jitter: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int):
-            raise ConfigError(
-                f"max_retries must be an int between 0 and {MAX_RETRIES_CEILING}, "
-                f"got {self.max_retries!r} (None would mean 'retry forever', which is refused)"
-            )
-        if not 0 <= self.max_retries <= MAX_RETRIES_CEILING:
-            raise ConfigError(
-                f"max_retries must be between 0 and {MAX_RETRIES_CEILING}, got {self.max_retries}"
-            )
-        for name in ("backoff_s", "backoff_max_s"):
-            value = getattr(self, name)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-            ):
-                raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
-            if value <= 0:
-                raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
-        if self.backoff_max_s < self.backoff_s:
-            raise ConfigError(
-                f"backoff_max_s ({self.backoff_max_s}) must be >= backoff_s ({self.backoff_s})"
-            )
+        rules.check_retry_policy(self.max_retries, self.backoff_s, self.backoff_max_s)
 
     @property
     def longest_wait_s(self) -> float:

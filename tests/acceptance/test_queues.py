@@ -108,13 +108,16 @@ def test_non_json_argument_fails_at_dispatch(test_app: Any, redis_client: redis.
     assert redis_client.llen("fast") == before
 
 
-def test_explicit_unknown_queue_fails_at_dispatch(test_app: Any) -> None:
-    with pytest.raises(Exception, match="fsat"):
+def test_explicit_unknown_queue_fails_at_dispatch(test_app: Any, redis_client: redis.Redis) -> None:
+    before = redis_client.llen("fast")
+    with pytest.raises(DispatchError, match=r"unknown queue 'fsat'.*fast, heavy, thirdparty"):
         test_app.record_run.apply_async(("x",), queue="fsat")
+    assert redis_client.llen("fast") == before
+    assert not redis_client.exists("fsat")
 
 
 def test_wrong_arguments_fail_at_dispatch(test_app: Any) -> None:
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"record_run\(\) takes 2 positional arguments but 4"):
         test_app.record_run.delay("a", "b", "c")
 
 

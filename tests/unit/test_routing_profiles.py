@@ -91,7 +91,8 @@ def test_quick_retry_gives_up_and_reraises_the_original() -> None:
 
 
 def test_every_profile_uses_a_pool_that_enforces_time_limits() -> None:
-    from jobs_platform.startup import LIMIT_ENFORCING_POOLS, pool_name
+    from jobs_platform.rules import LIMIT_ENFORCING_POOLS
+    from jobs_platform.startup import pool_name
 
     for profile in PROFILES.values():
         assert profile.pool in LIMIT_ENFORCING_POOLS

@@ -46,7 +46,7 @@ def test_bad_declarations_fail_at_import(app: Any, options: dict[str, Any], mess
 
 def test_the_idempotency_key_depends_on_the_business_key_only(app: Any) -> None:
     task = declare(app, business_key="order_id")
-    assert task.business_key == ("order_id",)
+    assert task.spec.business_key == ("order_id",)
     by_position = unique.identity_of(task, [42, 100], {})
     by_keyword = unique.identity_of(task, [], {"order_id": 42, "amount": 7})
     assert by_position == by_keyword == f"{task.name}:order_id=42"

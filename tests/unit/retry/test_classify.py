@@ -60,39 +60,44 @@ class AppError(Exception):
 
 ATTEMPT = Attempt(task_name="t", number=1)
 
-# (exception, expected decision type)
-CASES: list[tuple[BaseException, type]] = [
-    (PermanentError("gone"), Fail),
-    (TransientError("later"), Retry),
-    (ConnectionRefusedError(), Retry),
-    (ConnectionResetError(), Retry),
-    (TimeoutError(), Retry),
-    (TimeoutError(), Retry),
-    (OperationalError("server closed the connection"), Retry),  # matched by qualified name
-    (urllib.error.URLError(ConnectionRefusedError()), Retry),
-    (HTTPStatusError(500), Retry),
-    (HTTPStatusError(503), Retry),
-    (HTTPStatusError(408), Retry),
-    (HTTPStatusError(425), Retry),
-    (HTTPStatusError(429), Retry),
-    (HTTPStatusError(400), Fail),
-    (HTTPStatusError(404), Fail),
-    (HTTPStatusError(422), Fail),
-    (urllib_error(502), Retry),
-    (urllib_error(403), Fail),
-    (ValueError("bad amount"), Fail),
-    (json.JSONDecodeError("x", "doc", 0), Fail),
-    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), Fail),
-    (TypeError("missing argument"), Fail),
-    (ValidationError("field required"), Fail),
-    (AppError("who knows"), Retry),  # unknown: retried by default (the cap bounds it)
-    (KeyError("k"), Retry),
+# (exception, expected decision type, the reason it gives)
+CASES: list[tuple[BaseException, type, str]] = [
+    (PermanentError("gone"), Fail, "PermanentError"),
+    (TransientError("later"), Retry, "TransientError"),
+    (ConnectionRefusedError(), Retry, "ConnectionRefusedError is transient"),
+    (ConnectionResetError(), Retry, "ConnectionResetError is transient"),
+    (TimeoutError(), Retry, "TimeoutError is transient"),
+    # matched by qualified name, without importing SQLAlchemy:
+    (OperationalError("server closed the connection"), Retry, "OperationalError is transient"),
+    (urllib.error.URLError(ConnectionRefusedError()), Retry, "URLError(ConnectionRefusedError)"),
+    (HTTPStatusError(500), Retry, "HTTP 500"),
+    (HTTPStatusError(503), Retry, "HTTP 503"),
+    (HTTPStatusError(408), Retry, "HTTP 408"),
+    (HTTPStatusError(425), Retry, "HTTP 425"),
+    (HTTPStatusError(429), Retry, "HTTP 429"),
+    (HTTPStatusError(400), Fail, "HTTP 400"),
+    (HTTPStatusError(404), Fail, "HTTP 404"),
+    (HTTPStatusError(422), Fail, "HTTP 422"),
+    (urllib_error(502), Retry, "HTTP 502"),
+    (urllib_error(403), Fail, "HTTP 403"),
+    (ValueError("bad amount"), Fail, "ValueError is a validation/decoding/argument error"),
+    (json.JSONDecodeError("x", "doc", 0), Fail, "JSONDecodeError is a validation"),
+    (UnicodeDecodeError("utf-8", b"\xff", 0, 1, "bad"), Fail, "UnicodeDecodeError is a valid"),
+    (TypeError("missing argument"), Fail, "TypeError is a validation/decoding/argument error"),
+    (ValidationError("field required"), Fail, "ValidationError is a validation"),
+    # unknown: retried by default (the cap bounds it)
+    (AppError("who knows"), Retry, "AppError is unclassified; retrying"),
+    (KeyError("k"), Retry, "KeyError is unclassified; retrying"),
 ]
 
 
-@pytest.mark.parametrize(("exc", "expected"), CASES, ids=lambda v: type(v).__name__)
-def test_default_rules(exc: BaseException, expected: type) -> None:
-    assert isinstance(default_classifier(exc, ATTEMPT), expected)
+@pytest.mark.parametrize(("exc", "expected", "reason"), CASES, ids=lambda v: type(v).__name__)
+def test_default_rules(exc: BaseException, expected: type, reason: str) -> None:
+    decision = default_classifier(exc, ATTEMPT)
+    assert isinstance(decision, expected)
+    assert reason in decision.reason
+    if isinstance(decision, Retry):
+        assert decision.retry_after_s is None  # no Retry-After in these: the backoff decides
 
 
 def test_unknown_errors_can_be_made_permanent() -> None:

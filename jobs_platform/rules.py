@@ -1,0 +1,380 @@
+"""Every "refuse this configuration" rule, one small function each (pure: no Celery).
+
+A rule raises :class:`~jobs_platform.errors.ConfigError` (or
+:class:`~jobs_platform.errors.DispatchError` at dispatch) with a message that names the
+setting or option and says what to do. Rules are grouped by the phase that applies them:
+
+=============  =====================================================  =======================
+phase          applied by                                             rules
+=============  =====================================================  =======================
+settings       ``Settings`` when the table is loaded (create_app)     ``check_settings``
+declaration    ``TaskSpec`` when a task is declared (import time)     ``check_declared_*``,
+                                                                      ``check_task_limits``
+start-up       the worker's start-up checks (:mod:`.startup`) and     ``check_pool``,
+               the app's finalize                                     ``check_prefetch``, ...
+dispatch       ``ReliableTask.apply_async``                           ``check_dispatch_*``
+=============  =====================================================  =======================
+
+A new rule goes here, next to the others of its phase, with a unit test in
+``tests/unit/test_rules.py``; the phase's entry point calls it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import math
+import urllib.parse
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from jobs_platform.errors import ConfigError, DispatchError
+from jobs_platform.routing import QUEUE_NAMES
+from jobs_platform.urls import BROKER_SCHEMES, IN_PROCESS_SCHEME, masked
+
+if TYPE_CHECKING:
+    from jobs_platform.settings import Settings
+
+#: A ceiling on ``max_retries``: unbounded retries are how "a bug that retries forever" happens.
+MAX_RETRIES_CEILING = 1000
+#: Attributes pinned for at-least-once delivery; declaring another value is refused.
+PINNED = {"acks_late": True, "reject_on_worker_lost": True, "retry_on_worker_lost": True}
+#: Celery options that would bypass classification.
+REFUSED = ("autoretry_for", "dont_autoretry_for", "retry_kwargs")
+#: Pools that kill a task at its hard time limit.
+LIMIT_ENFORCING_POOLS = frozenset({"prefork"})
+
+
+# -- shared ------------------------------------------------------------------------------------
+
+
+def check_queue(queue: object, *, what: str) -> str:
+    if queue not in QUEUE_NAMES:
+        raise ConfigError(
+            f"{what}: unknown queue {queue!r}; the known queues are {', '.join(QUEUE_NAMES)}"
+        )
+    return str(queue)
+
+
+def check_positive(value: float, *, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"{what} must be > 0 seconds, got {value!r}")
+
+
+def _did_you_mean(name: str, known: Iterable[str], cutoff: float) -> str | None:
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
+# -- settings ----------------------------------------------------------------------------------
+
+
+def check_broker_url(url: str, *, setting: str) -> str:
+    """Refuse anything but ``redis[s]://[user:password@]host[:port][/db]``, naming ``setting``.
+
+    Checked when the app is created, so a typo fails with the setting's name instead of a
+    ``ModuleNotFoundError`` from kombu or a hang at the first ``.delay()``.
+    """
+    if url == f"{IN_PROCESS_SCHEME}://":
+        return url
+    shown = masked(url)
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"{setting}={shown!r} is not a valid URL: {exc}") from None
+    if parts.scheme not in BROKER_SCHEMES:
+        raise ConfigError(
+            f"{setting}={shown!r}: the scheme must be "
+            f"{' or '.join(f'{scheme}://' for scheme in BROKER_SCHEMES)} "
+            "(jobs-platform runs on the Redis broker today)"
+        )
+    if not parts.hostname or not url.startswith(f"{parts.scheme}://"):
+        raise ConfigError(
+            f"{setting}={shown!r} has no host; expected {parts.scheme}://HOST[:PORT][/DB]"
+        )
+    database = parts.path.lstrip("/")
+    if database and not database.isdigit():
+        raise ConfigError(
+            f"{setting}={shown!r}: the path must be a database number such as /0, "
+            f"not {parts.path!r}"
+        )
+    if port == 0:
+        raise ConfigError(f"{setting}={shown!r}: port 0 is not a port")
+    return url
+
+
+def check_visibility(*, visibility_timeout_s: float, margin_s: float) -> None:
+    if visibility_timeout_s <= 0:
+        raise ConfigError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout_s}")
+    if not 0 <= margin_s < visibility_timeout_s:
+        raise ConfigError(
+            f"visibility_margin ({margin_s} s) must be >= 0 and below "
+            f"visibility_timeout ({visibility_timeout_s} s)"
+        )
+
+
+def check_retry_policy(max_retries: Any, backoff_s: Any, backoff_max_s: Any) -> None:
+    """The limits of a :class:`~jobs_platform.retry.policy.RetryPolicy`."""
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int):
+        raise ConfigError(
+            f"max_retries must be an int between 0 and {MAX_RETRIES_CEILING}, "
+            f"got {max_retries!r} (None would mean 'retry forever', which is refused)"
+        )
+    if not 0 <= max_retries <= MAX_RETRIES_CEILING:
+        raise ConfigError(
+            f"max_retries must be between 0 and {MAX_RETRIES_CEILING}, got {max_retries}"
+        )
+    for name, value in (("backoff_s", backoff_s), ("backoff_max_s", backoff_max_s)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+        ):
+            raise ConfigError(f"{name} must be a finite number of seconds, got {value!r}")
+        if value <= 0:
+            raise ConfigError(f"{name} must be > 0 seconds, got {value!r}")
+    if backoff_max_s < backoff_s:
+        raise ConfigError(f"backoff_max_s ({backoff_max_s}) must be >= backoff_s ({backoff_s})")
+
+
+def check_settings(settings: Settings) -> None:
+    """Every rule the settings table must satisfy (``Settings.__post_init__`` calls this)."""
+    from jobs_platform.settings import env_name
+
+    check_broker_url(settings.broker_url, setting=env_name("broker_url"))
+    if settings.result_backend.split("://", 1)[0] in BROKER_SCHEMES:
+        check_broker_url(settings.result_backend, setting=env_name("result_backend"))
+    check_visibility(
+        visibility_timeout_s=settings.visibility_timeout, margin_s=settings.visibility_margin
+    )
+    for name in (
+        "dispatch_timeout",
+        "unacked_restore_interval",
+        "result_expires",
+        "dlq_drain_interval",
+        "dlq_webhook_interval",
+        "idempotency_key_ttl",
+    ):
+        check_positive(getattr(settings, name), what=name)
+    if settings.dlq_write_attempts < 1:
+        raise ConfigError("dlq_write_attempts must be >= 1")
+    check_queue(settings.default_queue, what="default_queue")
+    for pattern, queue in settings.routes.items():
+        check_queue(queue, what=f"routes[{pattern!r}]")
+    check_retry_policy(settings.max_retries, settings.retry_backoff, settings.retry_backoff_max)
+
+
+def unknown_env_hints(environ: Iterable[str], known: Collection[str]) -> dict[str, str]:
+    """``JOBS_*`` variables that are not settings but look like one -> the setting they
+    resemble (a typo is otherwise silently ignored and the default applies)."""
+    hints = {}
+    for variable in environ:
+        if variable.startswith("JOBS_") and variable not in known:
+            hint = _did_you_mean(variable, known, cutoff=0.8)
+            if hint:
+                hints[variable] = hint
+    return hints
+
+
+# -- declaration -------------------------------------------------------------------------------
+
+
+def check_declared_option_names(
+    names: Iterable[str], *, task: str, known: Collection[str], cutoff: float = 0.6
+) -> None:
+    """Refuse ``@app.task(...)`` options no task reads, with a "did you mean" hint: Celery
+    turns every keyword into a class attribute, so ``transient_error=(X,)`` would be silently
+    ignored and X never retried."""
+    for name in names:
+        if name not in known:
+            hint = _did_you_mean(name, known, cutoff)
+            suggestion = f"; did you mean {hint!r}?" if hint else ""
+            raise ConfigError(f"task {task}: unknown option {name!r}{suggestion}")
+
+
+def check_declared_attribute_names(
+    attributes: Mapping[str, Any], *, task: str, known: Collection[str], options: Collection[str]
+) -> None:
+    """Refuse class attributes that look like a misspelt option (``transient_error``); an
+    app's own attributes and methods (anything not close to an option) are left alone."""
+    for attr, value in attributes.items():
+        if attr.startswith("_") or callable(value) or attr in known:
+            continue
+        hint = _did_you_mean(attr, options, cutoff=0.8)
+        if hint:
+            raise ConfigError(
+                f"task {task!r}: {attr!r} is not a task option; did you mean {hint!r}?"
+            )
+
+
+def check_declared_not_refused(declared: Mapping[str, Any], *, task: str) -> None:
+    for attr in REFUSED:
+        if declared.get(attr) not in (None, (), {}):
+            raise ConfigError(
+                f"task {task!r}: {attr} is not used with ReliableTask; every exception is "
+                "classified instead (use transient_errors / permanent_errors)"
+            )
+    for attr, pinned in PINNED.items():
+        if attr in declared and declared[attr] != pinned:
+            raise ConfigError(f"task {task!r}: {attr} is pinned to {pinned} by ReliableTask")
+
+
+def check_declared_retries(declared: Mapping[str, Any], *, task: str) -> None:
+    if "max_retries" in declared and declared["max_retries"] is None:
+        raise ConfigError(f"task {task!r}: max_retries=None would retry forever; give a number")
+    for attr in ("retry_backoff", "retry_backoff_max"):
+        if isinstance(declared.get(attr), bool):
+            raise ConfigError(f"task {task!r}: {attr} is a number of seconds, not a bool")
+
+
+def check_exception_types(value: Any, *, task: str, attr: str) -> tuple[type[BaseException], ...]:
+    items = value if isinstance(value, tuple | list) else (value,)
+    for item in items:
+        if not (inspect.isclass(item) and issubclass(item, BaseException)):
+            raise ConfigError(f"task {task!r}: {attr} must hold exception classes, got {item!r}")
+    return tuple(items)
+
+
+def check_classifier(classifier: Any, *, task: str) -> None:
+    if not callable(classifier):
+        raise ConfigError(f"task {task!r}: classifier must be callable(exc, attempt)")
+
+
+def check_business_key(business_key: Any, run: Callable[..., Any], *, task: str) -> tuple[str, ...]:
+    """Each business-key name must be an argument of the task."""
+    names = (business_key,) if isinstance(business_key, str) else tuple(business_key or ())
+    params = inspect.signature(run).parameters
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    for name in names:
+        if not isinstance(name, str) or (name not in params and not accepts_any):
+            raise ConfigError(
+                f"task {task!r}: business_key {name!r} is not an argument of the task "
+                f"(arguments: {', '.join(params)})"
+            )
+    return names
+
+
+def check_unique_for(unique_for: Any, *, task: str) -> float | None:
+    if unique_for is None:
+        return None
+    if isinstance(unique_for, bool) or not isinstance(unique_for, int | float) or unique_for <= 0:
+        raise ConfigError(
+            f"task {task!r}: unique_for is a number of seconds > 0, got {unique_for!r}"
+        )
+    return float(unique_for)
+
+
+def check_task_limits(
+    task: str,
+    *,
+    longest_wait_s: float,
+    hard_limit_s: float | None,
+    soft_limit_s: float | None,
+    visibility_timeout_s: float,
+    margin_s: float,
+) -> None:
+    """A task's hard limit, and its longest retry wait plus that limit, must fit in the
+    visibility timeout minus the margin: a delayed message is fetched at once and held
+    unacknowledged until it is due and then runs, so wait plus run counts; beyond it the
+    broker hands the message to a second worker and the job runs twice."""
+    budget = visibility_timeout_s - margin_s
+    if hard_limit_s is None:
+        raise ConfigError(
+            f"task {task!r} has no hard time limit: set time_limit (seconds) below "
+            f"{budget:g} s (visibility timeout {visibility_timeout_s:g} s "
+            f"minus margin {margin_s:g} s)"
+        )
+    for label, value in (("time_limit", hard_limit_s), ("soft_time_limit", soft_limit_s)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"task {task!r}: {label} must be > 0 seconds, got {value}")
+    if hard_limit_s >= budget:
+        raise ConfigError(
+            f"task {task!r}: time_limit {hard_limit_s:g} s is not below the visibility "
+            f"timeout minus margin ({visibility_timeout_s:g} - {margin_s:g} = {budget:g} s); "
+            "a still-running task would be delivered to a second worker"
+        )
+    if soft_limit_s is not None and soft_limit_s >= hard_limit_s:
+        raise ConfigError(
+            f"task {task!r}: soft_time_limit {soft_limit_s:g} s must be below "
+            f"time_limit {hard_limit_s:g} s"
+        )
+    if longest_wait_s + hard_limit_s >= budget:
+        raise ConfigError(
+            f"task {task!r}: retry_backoff_max {longest_wait_s:g} s plus time_limit "
+            f"{hard_limit_s:g} s is not below the visibility timeout minus margin ({budget:g} s); "
+            "the broker would redeliver the waiting (or then running) retry and it would run twice"
+        )
+
+
+# -- start-up ----------------------------------------------------------------------------------
+
+
+def check_pool(pool: str) -> None:
+    if pool not in LIMIT_ENFORCING_POOLS:
+        raise ConfigError(
+            f"the {pool!r} pool does not enforce hard time limits, so a hung task could "
+            "outlive the visibility timeout and run twice; start the worker with "
+            "-P prefork (see `celery -A APP worker-profile QUEUE --print`)"
+        )
+
+
+def check_prefetch(prefetch_multiplier: int) -> None:
+    if prefetch_multiplier != 1:
+        raise ConfigError(
+            f"--prefetch-multiplier {prefetch_multiplier}: with late acks a prefetched message "
+            "waits unacknowledged behind a running task and can outlive the visibility "
+            "timeout; jobs-platform pins it to 1"
+        )
+
+
+def check_queue_selection(named: Iterable[str], declared: Collection[str]) -> None:
+    """``-Q``/``-X`` may only name declared queues (Celery's own message suggests enabling
+    ``task_create_missing_queues``, which the platform pins off)."""
+    unknown = [queue for queue in named if queue not in declared]
+    if unknown:
+        raise ConfigError(
+            f"-Q/-X {', '.join(unknown)}: no such queue; the queues are {', '.join(declared)} "
+            "(queues are declared by jobs-platform, never created on the fly)"
+        )
+
+
+def check_live_visibility(live_s: float, configured_s: float) -> None:
+    if live_s != configured_s:
+        raise ConfigError(
+            f"broker visibility_timeout {live_s:g} s differs from JOBS_VISIBILITY_TIMEOUT "
+            f"{configured_s:g} s; set it only through jobs-platform settings"
+        )
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+
+
+def check_dispatch_queue(queue: Any, *, task: str) -> None:
+    """An explicit ``apply_async(queue=...)`` must name a declared queue (or a kombu Queue
+    of one); kombu would raise ``QueueNotFound`` deep inside the publish."""
+    name = getattr(queue, "name", queue)
+    if name not in QUEUE_NAMES:
+        raise DispatchError(
+            f"{task}: unknown queue {name!r}; the known queues are {', '.join(QUEUE_NAMES)}"
+        )
+
+
+def check_dispatch_delay(
+    task: str,
+    delay_s: float,
+    *,
+    hard_limit_s: float,
+    visibility_timeout_s: float,
+    margin_s: float,
+) -> None:
+    """A dispatch-time delay (countdown/ETA) plus the run must fit in the visibility timeout."""
+    budget = visibility_timeout_s - margin_s
+    if delay_s + hard_limit_s >= budget:
+        raise DispatchError(
+            f"{task}: a delay of {delay_s:g} s plus its time_limit {hard_limit_s:g} s is not "
+            f"below the visibility timeout minus margin ({budget:g} s); the Redis broker would "
+            "deliver it more than once. For a longer wait, store the due time in your own "
+            "table and enqueue due jobs from a periodic task (celery beat), or raise "
+            "JOBS_VISIBILITY_TIMEOUT (a killed worker's jobs then come back only after it)."
+        )

@@ -1,0 +1,176 @@
+"""TaskSpec: a task's declaration resolved into one frozen, validated value (pure: no Celery).
+
+A ``ReliableTask`` is declared with options (decorator keywords or class attributes, Celery's
+names where Celery has one). :func:`resolve` turns what was declared, the settings table and
+the queue's worker profile into a :class:`TaskSpec`, applying the declaration rules of
+:mod:`jobs_platform.rules`; the Celery class then reads its spec and nothing else. What to do
+with a failed attempt is decided here too (:meth:`TaskSpec.decide`), so the whole retry
+behaviour of a task is unit-tested without a worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal
+
+from jobs_platform import rules
+from jobs_platform.errors import ConfigError
+from jobs_platform.profiles import PROFILES
+from jobs_platform.retry import classify
+from jobs_platform.retry.backoff import UniformRng
+from jobs_platform.retry.policy import RetryPolicy
+from jobs_platform.routing import QUEUE_NAMES
+
+if TYPE_CHECKING:
+    from jobs_platform.settings import Settings
+
+#: The options ReliableTask reads from a declaration (and their meaning in docs/task-options.md).
+OPTIONS = frozenset(
+    {
+        "queue",
+        "max_retries",
+        "retry_backoff",
+        "retry_backoff_max",
+        "retry_jitter",
+        "retry_unknown_errors",
+        "transient_errors",
+        "permanent_errors",
+        "classifier",
+        "rng",
+        "business_key",
+        "unique_for",
+        "time_limit",
+        "soft_time_limit",
+    }
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryIn:
+    """Retry the job after ``delay_s`` seconds."""
+
+    delay_s: float
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class GiveUp:
+    """Fail the job for good; ``outcome`` is the dead-letter reason."""
+
+    outcome: Literal["permanent", "exhausted"]
+    reason: str
+
+
+Step = RetryIn | GiveUp
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """Everything the platform decides about one task, validated when it is declared."""
+
+    name: str
+    queue: str
+    policy: RetryPolicy
+    time_limit_s: float
+    soft_time_limit_s: float
+    retry_unknown_errors: bool
+    transient_errors: tuple[type[BaseException], ...]
+    permanent_errors: tuple[type[BaseException], ...]
+    classifier: Callable[[BaseException, classify.Attempt], classify.Decision]
+    business_key: tuple[str, ...] = ()
+    unique_for_s: float | None = None
+    rng: UniformRng | None = None
+
+    def decide(self, exc: BaseException, attempt: int) -> Step:
+        """What to do after attempt number ``attempt`` (1-based) raised ``exc``."""
+        decision = self.classifier(
+            exc,
+            classify.Attempt(
+                task_name=self.name,
+                number=attempt,
+                transient_errors=self.transient_errors,
+                permanent_errors=self.permanent_errors,
+                retry_unknown_errors=self.retry_unknown_errors,
+            ),
+        )
+        if isinstance(decision, classify.Fail):
+            return GiveUp("permanent", decision.reason)
+        if attempt > self.policy.max_retries:
+            return GiveUp("exhausted", f"{decision.reason}; no retries left after {attempt}")
+        delay = self.policy.delay_for(attempt, retry_after_s=decision.retry_after_s, rng=self.rng)
+        return RetryIn(delay, decision.reason)
+
+    def celery_attributes(self) -> dict[str, Any]:
+        """The Task attributes Celery itself reads (the worker applies the time limits; the
+        worker-lost retry reads ``max_retries`` and ``default_retry_delay``)."""
+        return {
+            "max_retries": self.policy.max_retries,
+            "default_retry_delay": self.policy.backoff_s,
+            "time_limit": self.time_limit_s,
+            "soft_time_limit": self.soft_time_limit_s,
+        }
+
+
+def resolve(
+    name: str,
+    declared: Mapping[str, Any],
+    *,
+    settings: Settings,
+    routed_queue: str | None,
+    run: Callable[..., Any],
+) -> TaskSpec:
+    """The spec of task ``name`` from the options it ``declared`` (only those), the settings
+    table's defaults and its queue's profile; raises ConfigError naming the task."""
+    rules.check_declared_not_refused(declared, task=name)
+    rules.check_declared_retries(declared, task=name)
+    option = declared.get
+    try:
+        policy = RetryPolicy(
+            max_retries=option("max_retries", settings.max_retries),
+            backoff_s=option("retry_backoff", settings.retry_backoff),
+            backoff_max_s=option("retry_backoff_max", settings.retry_backoff_max),
+            jitter=bool(option("retry_jitter", settings.retry_jitter)),
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"task {name!r}: {exc}") from None
+    queue = option("queue") or routed_queue
+    if queue is None:
+        raise ConfigError(
+            f"task {name!r} has no queue: pass queue=... (one of {', '.join(QUEUE_NAMES)}) "
+            "or add a route for it (JOBS_ROUTES)"
+        )
+    queue = rules.check_queue(queue, what=f"task {name!r}")
+    profile = PROFILES[queue]
+    hard = option("time_limit")
+    hard = profile.time_limit_s if hard is None else hard
+    soft = option("soft_time_limit")
+    soft = min(profile.soft_time_limit_s, hard * 0.9) if soft is None else soft
+    rules.check_task_limits(
+        name,
+        longest_wait_s=policy.longest_wait_s,
+        hard_limit_s=hard,
+        soft_limit_s=soft,
+        visibility_timeout_s=settings.visibility_timeout,
+        margin_s=settings.visibility_margin,
+    )
+    classifier = option("classifier", classify.default_classifier)
+    rules.check_classifier(classifier, task=name)
+    return TaskSpec(
+        name=name,
+        queue=queue,
+        policy=policy,
+        time_limit_s=float(hard),
+        soft_time_limit_s=float(soft),
+        retry_unknown_errors=bool(option("retry_unknown_errors", settings.retry_unknown_errors)),
+        transient_errors=rules.check_exception_types(
+            option("transient_errors", ()), task=name, attr="transient_errors"
+        ),
+        permanent_errors=rules.check_exception_types(
+            option("permanent_errors", ()), task=name, attr="permanent_errors"
+        ),
+        classifier=classifier,
+        business_key=rules.check_business_key(option("business_key", ()), run, task=name),
+        unique_for_s=rules.check_unique_for(option("unique_for"), task=name),
+        rng=option("rng"),
+    )
