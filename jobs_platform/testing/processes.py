@@ -1,4 +1,4 @@
-"""Test helpers that need no Docker: real worker processes, a private redis-server, polling.
+"""Real processes for tests, with no Docker: ``celery worker``, a private redis-server, polling.
 
 pytest-celery's fixtures start Docker containers; these run the same kind of checks
 against services on this machine. Every helper cleans up what it started.
@@ -169,13 +169,38 @@ class WorkerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def for_profile(cls, app: str, queue: str, **kwargs: object) -> WorkerProcess:
-        """A worker started exactly as ``worker-profile`` starts it (docs/operations.md)."""
-        from jobs_platform.profiles import worker_argv
+    def for_profile(
+        cls,
+        app: str,
+        queue: str,
+        *,
+        concurrency: int | None = None,
+        hostname: str | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        log_dir: str | None = None,
+    ) -> WorkerProcess:
+        """A worker started exactly as ``worker-profile QUEUE [-c N] [options]`` starts it
+        (docs/operations.md): ``concurrency`` defaults to the profile's."""
+        from jobs_platform.profiles import PROFILES, worker_argv
 
-        hostname = str(kwargs.pop("hostname", None) or f"{queue}-{uuid.uuid4().hex[:6]}@demo")
-        argv = [sys.executable, "-m", *worker_argv(app, queue, hostname=hostname)]
-        return cls(app, [queue], hostname=hostname, argv=argv, **kwargs)  # type: ignore[arg-type]
+        hostname = hostname or f"{queue}-{uuid.uuid4().hex[:6]}@demo"
+        command = worker_argv(
+            app, queue, hostname=hostname, concurrency=concurrency, extra=extra_args
+        )
+        return cls(
+            app,
+            [queue],
+            pool=PROFILES[queue].pool,
+            concurrency=concurrency or PROFILES[queue].concurrency,
+            hostname=hostname,
+            extra_args=extra_args,
+            env=env,
+            cwd=cwd,
+            log_dir=log_dir,
+            argv=[sys.executable, "-m", *command],
+        )
 
     def argv(self) -> list[str]:
         if self._argv is not None:
