@@ -4,7 +4,6 @@ the hand-over is idempotent, and failures are loud (log + counter), never silent
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
 import logging
 import uuid
@@ -21,7 +20,7 @@ from jobs_platform.deadletter.drainer import Drained, Drainer
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.sink import DeadLetterSink
 from jobs_platform.settings import Settings
-from jobs_platform.testing import free_port
+from jobs_platform.testing import dead_letter, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -41,16 +40,13 @@ def dead_db_url() -> str:
 
 
 def letter(n: int) -> DeadLetter:
-    return DeadLetter(
+    return dead_letter(
         reason="permanent",
         task_id=f"task-{n}-{uuid.uuid4()}",
-        task_name="billing.charge",
-        queue="fast",
-        errors=[{"type": "E", "message": f"bad {n}", "at": "t", "attempt": 1}],
-        failed_at=dt.datetime.now(dt.UTC),
+        error_type="E",
+        message=f"bad {n}",
         args=[n],
         kwargs={"password": "hunter2"},
-        attempts=1,
         chain="c",
     )
 

@@ -4,7 +4,6 @@ listing, stats, and the conditional replay / discard / purge transitions."""
 from __future__ import annotations
 
 import datetime as dt
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 from jobs_platform import db
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.store import DeadLetterStore, Filter
+from jobs_platform.testing import dead_letter
 
 pytestmark = pytest.mark.integration
 
@@ -40,22 +40,18 @@ def letter(
     message: str = "partner refused #1",
     **extra: Any,
 ) -> DeadLetter:
-    values: dict[str, Any] = {
-        "reason": reason,
-        "task_id": str(uuid.uuid4()),
-        "task_name": task,
-        "queue": "fast",
-        "errors": [
-            {"type": "builtins.ConnectionError", "message": message, "at": "t", "attempt": 1}
-        ],
-        "failed_at": dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes_ago),
-        "args": [1, "a"],
-        "kwargs": {"k": {"nested": [1, 2]}},
-        "attempts": 1,
-        "chain": "c",
-    }
-    values.update(extra)
-    return DeadLetter(**values)
+    return dead_letter(
+        task_name=task,
+        reason=reason,
+        failed_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=minutes_ago),
+        **{
+            "args": [1, "a"],
+            "kwargs": {"k": {"nested": [1, 2]}},
+            "chain": "c",
+            **({} if "errors" in extra else {"message": message}),
+            **extra,
+        },
+    )
 
 
 def test_add_is_idempotent_per_chain(store: DeadLetterStore) -> None:

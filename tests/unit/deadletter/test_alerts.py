@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import http.server
 import json
 import logging
@@ -15,26 +14,11 @@ from prometheus_client import REGISTRY
 
 from jobs_platform.deadletter import alerts
 from jobs_platform.deadletter.record import DeadLetter
-from jobs_platform.testing import free_port, wait_for
+from jobs_platform.testing import FakeClock, dead_letter, free_port, wait_for
 
 
 def letter(n: int, task: str = "billing.charge") -> DeadLetter:
-    return DeadLetter(
-        reason="exhausted",
-        task_id=f"t-{n}",
-        task_name=task,
-        queue="fast",
-        errors=[
-            {
-                "type": "builtins.ConnectionError",
-                "message": f"refused #{n}",
-                "at": "x",
-                "attempt": 1,
-            }
-        ],
-        failed_at=dt.datetime.now(dt.UTC),
-        attempts=1,
-    )
+    return dead_letter(task_id=f"t-{n}", task_name=task, message=f"refused #{n}")
 
 
 class Receiver(http.server.BaseHTTPRequestHandler):
@@ -128,16 +112,6 @@ def test_webhook_failure_is_logged_and_counted_not_raised(
     assert webhook_requests("ok") == oks
 
 
-class StoppedClock:
-    """A monotonic clock that reads ``now`` (moved by the test, never by itself)."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_first_webhook_is_sent_at_once_on_a_machine_that_booted_seconds_ago(
     webhook: tuple[str, list[dict[str, Any]]],
 ) -> None:
@@ -145,14 +119,14 @@ def test_first_webhook_is_sent_at_once_on_a_machine_that_booted_seconds_ago(
     # time.monotonic() on Linux is the uptime: 3.0 is a machine 3 s after boot, far less
     # than one interval. The first dead letter must not wait for a previous POST that
     # never happened.
-    clock = StoppedClock(3.0)
-    notifier = alerts.WebhookNotifier(url, interval_s=600, clock=clock)
+    clock = FakeClock(monotonic_start=3.0)
+    notifier = alerts.WebhookNotifier(url, interval_s=600, clock=clock.monotonic)
     try:
         notifier.notify(1, letter(1))
         wait_for(lambda: bodies, timeout_s=10, message="the first POST, sent at once")
         assert [b["count"] for b in bodies] == [1]
         # The window still holds: one second later, the next one waits for it.
-        clock.now = 4.0
+        clock.advance(1.0)
         notifier.notify(2, letter(2))
         assert notifier.window_left() == pytest.approx(599.0)
         assert len(bodies) == 1

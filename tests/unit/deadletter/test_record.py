@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -13,22 +14,19 @@ from jobs_platform.deadletter.record import (
     normalise_message,
     redact,
 )
+from jobs_platform.testing import dead_letter
 
 
-def letter(**overrides: object) -> DeadLetter:
-    values: dict[str, object] = {
-        "reason": "exhausted",
-        "task_id": "t-1",
-        "task_name": "billing.charge",
-        "queue": "fast",
-        "errors": [
-            {"type": "builtins.ConnectionError", "message": "refused #12", "at": "x", "attempt": 1}
-        ],
-        "failed_at": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
-        "chain": "2026-01-02T03:04:00+00:00",
-    }
-    values.update(overrides)
-    return DeadLetter(**values)  # type: ignore[arg-type]
+def letter(**overrides: Any) -> DeadLetter:
+    return dead_letter(
+        **{
+            "task_id": "t-1",
+            **({} if "errors" in overrides else {"message": "refused #12"}),
+            "failed_at": dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC),
+            "chain": "2026-01-02T03:04:00+00:00",
+            **overrides,
+        }
+    )
 
 
 @pytest.mark.parametrize(

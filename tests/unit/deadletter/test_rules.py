@@ -3,7 +3,6 @@ are an outage, which headers a replay may send, and what ``import jobs_platform`
 
 from __future__ import annotations
 
-import datetime as dt
 import subprocess
 import sys
 import textwrap
@@ -18,19 +17,11 @@ from jobs_platform.deadletter.record import COLUMN_LENGTHS, DeadLetter
 from jobs_platform.deadletter.replay import replay_headers
 from jobs_platform.deadletter.sink import is_transient
 from jobs_platform.history import REPLAY_OF_HEADER
+from jobs_platform.testing import dead_letter
 
 
 def letter(**overrides: Any) -> DeadLetter:
-    values: dict[str, Any] = {
-        "reason": "poison",
-        "task_id": "t-1",
-        "task_name": "billing.charge",
-        "queue": "fast",
-        "errors": [{"type": "E", "message": "m", "at": "x", "attempt": 1}],
-        "failed_at": dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
-    }
-    values.update(overrides)
-    return DeadLetter(**values)
+    return dead_letter(**{"reason": "poison", "task_id": "t-1", **overrides})
 
 
 def test_column_lengths_are_the_models() -> None:
