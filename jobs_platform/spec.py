@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from jobs_platform import rules
 from jobs_platform.errors import ConfigError
 from jobs_platform.profiles import PROFILES
+from jobs_platform.ratelimit import Rate, parse_rate
 from jobs_platform.retry import classify
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
@@ -42,6 +43,8 @@ OPTIONS = frozenset(
         "unique_for",
         "time_limit",
         "soft_time_limit",
+        "rate_limit",
+        "rate_key",
     }
 )
 
@@ -81,6 +84,14 @@ class TaskSpec:
     business_key: tuple[str, ...] = ()
     unique_for_s: float | None = None
     rng: UniformRng | None = None
+    #: A limit shared by every worker (``rate_limit="10/s"``), under ``rate_key``.
+    rate: Rate | None = None
+    #: The downstream the limit protects (default: the task's name); a 429 pauses it.
+    rate_key: str | None = None
+
+    @property
+    def rate_limited(self) -> bool:
+        return self.rate is not None or self.rate_key is not None
 
     def decide(self, exc: BaseException, attempt: int) -> Step:
         """What to do after attempt number ``attempt`` (1-based) raised ``exc``."""
@@ -109,6 +120,8 @@ class TaskSpec:
             "default_retry_delay": self.policy.backoff_s,
             "time_limit": self.time_limit_s,
             "soft_time_limit": self.soft_time_limit_s,
+            # Celery's per-worker bucket would hold messages in the worker; ours is global.
+            "rate_limit": None,
         }
 
 
@@ -173,4 +186,14 @@ def resolve(
         business_key=rules.check_business_key(option("business_key", ()), run, task=name),
         unique_for_s=rules.check_unique_for(option("unique_for"), task=name),
         rng=option("rng"),
+        rate=parse_rate(option("rate_limit"), task=name),
+        rate_key=_rate_key(name, option("rate_limit"), option("rate_key")),
     )
+
+
+def _rate_key(name: str, rate_limit: Any, rate_key: Any) -> str | None:
+    if rate_key is not None and (not isinstance(rate_key, str) or not rate_key.strip()):
+        raise ConfigError(f"task {name!r}: rate_key names a downstream, got {rate_key!r}")
+    if rate_key is None and rate_limit is not None:
+        return name
+    return rate_key

@@ -30,6 +30,7 @@ from jobs_platform.clock import as_utc, utc_iso, utcnow
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
+from jobs_platform.ratelimit import DEFERRED, limiter_for
 from jobs_platform.retry import classify
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
@@ -116,14 +117,23 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
 
     @classmethod
     def _declared(cls) -> dict[str, Any]:
-        """The options a subclass (not ReliableTask or Celery) declared, nearest first."""
+        """The options a subclass (not ReliableTask or Celery) declared, nearest first.
+
+        Each class's own declaration is kept as it was written (``_declaration``): binding
+        sets the attributes Celery reads, and Celery binds every task again when the
+        worker finalizes the app, so the second reading must not see our own writes.
+        """
+        names = (*OPTIONS, *rules.PINNED, *rules.REFUSED)
+        if "_declaration" not in cls.__dict__:
+            cls._declaration = {name: cls.__dict__[name] for name in names if name in cls.__dict__}
         declared: dict[str, Any] = {}
         for klass in cls.__mro__:
             if klass is ReliableTask:
                 break
-            for name in (*OPTIONS, *rules.PINNED, *rules.REFUSED):
-                if name in klass.__dict__ and name not in declared:
-                    declared[name] = klass.__dict__[name]
+            own = klass.__dict__.get("_declaration", klass.__dict__)
+            for name in names:
+                if name in own and name not in declared:
+                    declared[name] = own[name]
         if getattr(cls, "_declared_queue", None) is not None:
             declared.setdefault("queue", cls._declared_queue)
         if isinstance(declared.get("classifier"), staticmethod):
@@ -219,6 +229,8 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     # -- execution: decide (spec), then record a give-up or publish a retry ---------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.spec.rate_limited and not self.request.called_directly:
+            self._take_rate_slot()  # raises Ignore after deferring the job
         try:
             return super().__call__(*args, **kwargs)
         except (CeleryRetry, Ignore, Reject):
@@ -229,10 +241,44 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             attempt = self.request.retries + 1
             step = self.spec.decide(exc, attempt)
             if isinstance(step, RetryIn):
+                self._pause_on_too_many_requests(exc)
                 self._publish_retry(exc, attempt, step)  # raises Retry
             else:
                 self._give_up(exc, attempt, step)
             raise
+
+    def _take_rate_slot(self) -> None:
+        """Run now if the shared limit allows; else re-publish this job (same id, same
+        attempt) to come back when its turn is due, and free the pool slot at once."""
+        spec = self.spec
+        assert spec.rate_key is not None
+        wait_s = limiter_for(self.app.conf.broker_url).acquire(spec.rate_key, spec.rate)
+        if wait_s <= 0:
+            return
+        request = self.request
+        self.signature_from_request(
+            request, queue=self._queue_of(request), countdown=wait_s
+        ).apply_async()
+        DEFERRED.labels(spec.rate_key).inc()
+        logger.info(
+            "%s[%s] deferred %.3f s by the %s limit on %r",
+            self.name,
+            request.id,
+            wait_s,
+            spec.rate or "paused",
+            spec.rate_key,
+            extra={"event": "jobs.rate.deferred", "task_name": self.name},
+        )
+        raise Ignore()
+
+    def _pause_on_too_many_requests(self, exc: Exception) -> None:
+        """A 429 with Retry-After stops every worker's starts under this task's rate key."""
+        key = self.spec.rate_key
+        if key is None or classify.http_status(exc) != 429:
+            return
+        retry_after = classify.retry_after_seconds(exc)
+        if retry_after:
+            limiter_for(self.app.conf.broker_url).pause(key, retry_after)
 
     def _give_up(self, exc: Exception, attempt: int, step: GiveUp) -> None:
         """Hand the failure, as raised, to the dead-letter receiver; Celery then fails the

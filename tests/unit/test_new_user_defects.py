@@ -190,3 +190,18 @@ def test_a_retry_publish_that_failed_on_a_dead_broker_is_still_seen_as_broker_do
     except DispatchError as wrapped:
         assert _caused_by_connection_error(wrapped)
     assert not _caused_by_connection_error(DispatchError("arguments must be JSON"))
+
+
+def test_binding_again_keeps_what_was_declared() -> None:
+    """Celery binds every task a second time when a worker finalizes the app; the spec must
+    come out the same (it once lost rate_limit, which binding hands to Celery as None)."""
+    app = unit_app()
+
+    @app.task(base=ReliableTask, queue="fast", rate_limit="5/s", time_limit=9, max_retries=2)
+    def limited() -> None: ...
+
+    first = limited.spec
+    type(limited).bind(app)
+    assert limited.spec == first
+    assert str(limited.spec.rate) == "5/1s"
+    assert (limited.rate_limit, limited.time_limit) == (None, 9.0)
