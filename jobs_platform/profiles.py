@@ -156,9 +156,10 @@ def celery_worker_argv(
         "--prefetch-multiplier", str(prefetch_multiplier),
         "-n", hostname,
         "-l", loglevel,
-        # Gossip/mingle/heartbeat cost start-up time and broker traffic and give us nothing:
-        # monitoring reads events, and redelivery is the broker's job.
-        "--without-gossip", "--without-mingle", "--without-heartbeat",
+        # Gossip and mingle cost start-up time and broker traffic and give us nothing
+        # (redelivery is the broker's job). Heartbeats stay on: without them Flower shows an
+        # idle worker offline after its expiry window (docs/flower.md measures their cost).
+        "--without-gossip", "--without-mingle",
         *extra,
     ]
     # fmt: on
