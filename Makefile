@@ -36,6 +36,8 @@ demo: install
 
 bench: install services
 	$(BIN)/python -m bench.throughput
+	$(BIN)/python -m bench.delayed
+	$(BIN)/python -m bench.scrape
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo jobs_platform.sqlite3*

@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from jobs_platform import rules
+from jobs_platform import delayed, flower, health, metrics, rules, schedule
 from jobs_platform.deadletter import CONSUMER as DEAD_LETTER_CONSUMER
 from jobs_platform.deadletter import install as install_dead_letters
 from jobs_platform.history import qualified_name
@@ -76,6 +76,7 @@ class JobsCelery(Celery):  # type: ignore[misc]
                     soft_limit_s=task.soft_time_limit,
                     visibility_timeout_s=vt,
                     margin_s=settings.visibility_margin,
+                    max_delay_s=settings.max_delay,
                 )
 
 
@@ -144,6 +145,8 @@ def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
         "timezone": "UTC",
         # Records poison messages (unknown task, undecodable, pickle) before Celery drops them.
         "worker_consumer": DEAD_LETTER_CONSUMER,
+        # `celery -A APP beat` runs the highly available, once-per-slot scheduler.
+        **schedule.celery_config(settings),
     }
 
 
@@ -161,4 +164,14 @@ def create_app(main: str = "jobs_platform", **overrides: Any) -> JobsCelery:
     unique.connect_receivers()
     # Dead letters: terminal failures stored once (drainer bootstep + signal receivers).
     install_dead_letters(app)
+    # Long delays wait in the durable store on the broker, released by every worker.
+    delayed.install(app)
+    # Beat's overlap markers and the platform's maintenance tasks.
+    schedule.install(app)
+    # Counters from Celery signals (not task events), summed in Redis for `metrics`.
+    metrics.install(app)
+    # The canary task every worker runs for `health`.
+    health.install(app)
+    # `celery -A APP flower`: persistent, authenticated, checked before it binds.
+    flower.install(app)
     return app

@@ -20,16 +20,12 @@ import dataclasses
 import re
 from typing import Any
 
-from prometheus_client import Counter
-
 from jobs_platform.errors import ConfigError
+from jobs_platform.metrics import names
+from jobs_platform.metrics.counters import RecordedCounter
 
 KEY_PREFIX = "jobs:rate:"
-DEFERRED = Counter(
-    "jobs_rate_deferred_total",
-    "Jobs re-published to wait for their turn under a shared rate limit (or a pause).",
-    ["key"],
-)
+DEFERRED = RecordedCounter(names.RATE_DEFERRED)
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(\d*)\s*([smh])\s*$")
 _UNIT_S = {"s": 1.0, "m": 60.0, "h": 3600.0}
 

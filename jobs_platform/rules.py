@@ -155,14 +155,53 @@ def check_settings(settings: Settings) -> None:
         "dlq_drain_interval",
         "dlq_webhook_interval",
         "idempotency_key_ttl",
+        "max_delay",
+        "delayed_release_interval",
+        "beat_lock_timeout",
+        "beat_loop_interval",
+        "beat_queue_wait",
+        "metrics_flush_interval",
     ):
         check_positive(getattr(settings, name), what=name)
     if settings.dlq_write_attempts < 1:
         raise ConfigError("dlq_write_attempts must be >= 1")
+    if settings.beat_loop_interval > settings.beat_lock_timeout / 3:
+        # The leader extends its lock once per tick; a slower tick lets the lock lapse and a
+        # standby take over while the leader still sends: a slot could go out twice.
+        raise ConfigError(
+            f"beat_loop_interval {settings.beat_loop_interval:g} s must be at most a third of "
+            f"beat_lock_timeout {settings.beat_lock_timeout:g} s"
+        )
+    days = settings.dlq_retention_days
+    if isinstance(days, bool) or not days > 0:
+        raise ConfigError(f"dlq_retention_days must be > 0 days, got {days!r}")
+    if settings.flower_state_save_interval < 0:
+        raise ConfigError("flower_state_save_interval must be >= 0 (0: save only at shutdown)")
+    if not settings.delayed_key_prefix:
+        raise ConfigError("delayed_key_prefix must not be empty")
+    check_queue_objectives(settings.queue_objectives)
     check_queue(settings.default_queue, what="default_queue")
     for pattern, queue in settings.routes.items():
         check_queue(queue, what=f"routes[{pattern!r}]")
     check_retry_policy(settings.max_retries, settings.retry_backoff, settings.retry_backoff_max)
+    if settings.retry_backoff_max > settings.max_delay:
+        raise ConfigError(
+            f"retry_backoff_max {settings.retry_backoff_max:g} s is longer than max_delay "
+            f"{settings.max_delay:g} s (JOBS_MAX_DELAY)"
+        )
+
+
+def check_queue_objectives(objectives: Mapping[str, Any]) -> None:
+    """One objective (seconds > 0) for every queue, none for a queue that does not exist."""
+    unknown = sorted(set(objectives) - set(QUEUE_NAMES))
+    missing = [q for q in QUEUE_NAMES if q not in objectives]
+    if unknown or missing:
+        raise ConfigError(
+            f"queue_objectives must give each queue ({', '.join(QUEUE_NAMES)}) its seconds; "
+            f"unknown: {unknown or 'none'}, missing: {missing or 'none'}"
+        )
+    for queue, seconds in objectives.items():
+        check_positive(seconds, what=f"queue_objectives[{queue!r}]")
 
 
 def unknown_env_hints(environ: Iterable[str], known: Collection[str]) -> dict[str, str]:
@@ -273,11 +312,13 @@ def check_task_limits(
     soft_limit_s: float | None,
     visibility_timeout_s: float,
     margin_s: float,
+    max_delay_s: float,
 ) -> None:
-    """A task's hard limit, and its longest retry wait plus that limit, must fit in the
-    visibility timeout minus the margin: a delayed message is fetched at once and held
-    unacknowledged until it is due and then runs, so wait plus run counts; beyond it the
-    broker hands the message to a second worker and the job runs twice."""
+    """A task's hard limit must fit in the visibility timeout minus the margin (beyond it
+    the broker hands the running message to a second worker and the job runs twice), and
+    its longest retry wait in JOBS_MAX_DELAY. A wait that does not fit beside the run in the
+    visibility timeout goes to the durable delayed store instead of a worker's memory
+    (jobs_platform.delayed), so waits themselves may be hours."""
     budget = visibility_timeout_s - margin_s
     if hard_limit_s is None:
         raise ConfigError(
@@ -299,11 +340,10 @@ def check_task_limits(
             f"task {task!r}: soft_time_limit {soft_limit_s:g} s must be below "
             f"time_limit {hard_limit_s:g} s"
         )
-    if longest_wait_s + hard_limit_s >= budget:
+    if longest_wait_s > max_delay_s:
         raise ConfigError(
-            f"task {task!r}: retry_backoff_max {longest_wait_s:g} s plus time_limit "
-            f"{hard_limit_s:g} s is not below the visibility timeout minus margin ({budget:g} s); "
-            "the broker would redeliver the waiting (or then running) retry and it would run twice"
+            f"task {task!r}: retry_backoff_max {longest_wait_s:g} s is longer than "
+            f"JOBS_MAX_DELAY ({max_delay_s:g} s)"
         )
 
 
@@ -360,21 +400,12 @@ def check_dispatch_queue(queue: Any, *, task: str) -> None:
         )
 
 
-def check_dispatch_delay(
-    task: str,
-    delay_s: float,
-    *,
-    hard_limit_s: float,
-    visibility_timeout_s: float,
-    margin_s: float,
-) -> None:
-    """A dispatch-time delay (countdown/ETA) plus the run must fit in the visibility timeout."""
-    budget = visibility_timeout_s - margin_s
-    if delay_s + hard_limit_s >= budget:
+def check_dispatch_delay(task: str, delay_s: float, *, max_delay_s: float) -> None:
+    """A dispatch-time delay (countdown/ETA) may be as long as JOBS_MAX_DELAY; a long one
+    waits in the durable delayed store, not in a worker (jobs_platform.delayed)."""
+    if delay_s > max_delay_s:
         raise DispatchError(
-            f"{task}: a delay of {delay_s:g} s plus its time_limit {hard_limit_s:g} s is not "
-            f"below the visibility timeout minus margin ({budget:g} s); the Redis broker would "
-            "deliver it more than once. For a longer wait, store the due time in your own "
-            "table and enqueue due jobs from a periodic task (celery beat), or raise "
-            "JOBS_VISIBILITY_TIMEOUT (a killed worker's jobs then come back only after it)."
+            f"{task}: a delay of {delay_s:g} s is longer than JOBS_MAX_DELAY "
+            f"({max_delay_s:g} s); for work due further ahead, store the due date in your "
+            "own table and enqueue it from a periodic task (celery beat)"
         )

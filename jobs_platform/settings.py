@@ -136,6 +136,78 @@ class Settings:
         "after it a repeat of that side effect counts as new.",
     )
 
+    max_delay: float = _knob(
+        30 * 86400.0,
+        "s",
+        "Longest countdown/ETA (and retry wait) accepted; a longer one is refused at "
+        "dispatch with DispatchError.",
+    )
+    delayed_key_prefix: str = _knob(
+        "jobs:delayed",
+        "Redis key",
+        "Prefix of the durable delayed store's keys on the broker.",
+    )
+    delayed_release_interval: float = _knob(
+        0.25,
+        "s",
+        "How often each worker's releaser moves due delayed jobs onto their queues "
+        "(bounds lateness).",
+    )
+    beat_lock_timeout: float = _knob(
+        5.0,
+        "s",
+        "Beat leader lock lifetime: a standby beat takes over at most this long after the "
+        "leader dies.",
+    )
+    beat_loop_interval: float = _knob(
+        1.0,
+        "s",
+        "Seconds between beat ticks (a slot is sent at most this late); at most a third "
+        "of the lock timeout.",
+    )
+    beat_queue_wait: float = _knob(
+        3600.0,
+        "s",
+        "How long a sent recurring run may wait in its queue before the overlap policy "
+        "stops counting it as running.",
+    )
+    dlq_retention_days: float = _knob(
+        30.0,
+        "days",
+        "The scheduled `dlq purge` removes replayed/discarded dead letters older than this.",
+    )
+    metrics_flush_interval: float = _knob(
+        2.0,
+        "s",
+        "How often each process adds its metric counts to the totals in Redis.",
+    )
+    queue_objectives: dict[str, float] = _knob(  # noqa: RUF009 (_knob returns a dataclass field)
+        {"fast": 60.0, "heavy": 900.0, "thirdparty": 300.0},
+        "JSON",
+        "Queue -> longest acceptable wait of its oldest job (s); `health` and the alert "
+        "rules use it.",
+    )
+    flower_db: str = _knob(
+        "flower.db",
+        "path",
+        "Flower's state file (persistent mode: tasks and workers survive a restart).",
+    )
+    flower_state_save_interval: float = _knob(
+        60.0,
+        "s",
+        "How often Flower saves its state (0: only at shutdown).",
+    )
+    flower_basic_auth: str = _knob(
+        "",
+        "user:password",
+        "Flower's basic auth (comma-separated for several users); FLOWER_BASIC_AUTH also works.",
+    )
+    flower_unsafe_no_auth: bool = _knob(
+        False,
+        "bool",
+        "Allow Flower to start with no authentication (refused otherwise).",
+    )
+
     def __post_init__(self) -> None:
         rules.check_settings(self)
 

@@ -166,6 +166,7 @@ def resolve(
         soft_limit_s=soft,
         visibility_timeout_s=settings.visibility_timeout,
         margin_s=settings.visibility_margin,
+        max_delay_s=settings.max_delay,
     )
     classifier = option("classifier", classify.default_classifier)
     rules.check_classifier(classifier, task=name)

@@ -197,13 +197,8 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             rules.check_dispatch_queue(options["queue"], task=self.name)
         delay_s = _delay_seconds(options.get("countdown"), options.get("eta"))
         if delay_s is not None:
-            settings = self.app.jobs_settings
             rules.check_dispatch_delay(
-                self.name,
-                delay_s,
-                hard_limit_s=self.spec.time_limit_s,
-                visibility_timeout_s=settings.visibility_timeout,
-                margin_s=settings.visibility_margin,
+                self.name, delay_s, max_delay_s=self.app.jobs_settings.max_delay
             )
         headers = options.get("headers") or {}
         if history.ENQUEUED_HEADER not in headers:

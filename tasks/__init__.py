@@ -12,6 +12,15 @@ from jobs_platform import create_app
 app = create_app("tasks")
 
 # Importing the modules declares (and validates) their tasks.
-from tasks import billing, email, media, partner  # noqa: E402
+from tasks import billing, email, media, partner, reminders, reports, schedule  # noqa: E402
 
-__all__ = ["app", "billing", "email", "media", "partner"]
+__all__ = [
+    "app",
+    "billing",
+    "email",
+    "media",
+    "partner",
+    "reminders",
+    "reports",
+    "schedule",
+]

@@ -1,4 +1,4 @@
-"""Every Prometheus metric of the dead-letter table, defined once.
+"""Every Prometheus counter of the dead-letter table (names and help: jobs_platform.metrics.names).
 
 ================================================  ==============================
 Metric (type: counter)                            Labels / meaning
@@ -23,14 +23,13 @@ and would make the label set unbounded.
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from jobs_platform.metrics import names
+from jobs_platform.metrics.counters import RecordedCounter
 
-DEAD_LETTERS = Counter("jobs_dead_letters", "New dead letters stored.", ["task", "queue", "reason"])
-WRITE_FAILURES = Counter(
-    "jobs_dead_letter_write_failures", "Dead-letter writes that failed, by stage.", ["stage"]
-)
-SPOOLED = Counter("jobs_dead_letter_spooled", "Dead letters written to the durable spool.")
-WEBHOOK_REQUESTS = Counter(
-    "jobs_dead_letter_webhook_requests", "Dead-letter webhook POSTs.", ["outcome"]
-)
+# Recorded for the exporter (summed over every worker process in the broker's Redis,
+# jobs_platform.metrics), and still kept per process as prometheus-client counters.
+DEAD_LETTERS = RecordedCounter(names.DEAD_LETTERS)
+WRITE_FAILURES = RecordedCounter(names.DEAD_LETTER_WRITE_FAILURES)
+SPOOLED = RecordedCounter(names.DEAD_LETTER_SPOOLED)
+WEBHOOK_REQUESTS = RecordedCounter(names.DEAD_LETTER_WEBHOOK_REQUESTS)
 POISON_LABEL = "(poison)"

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import Counter
+from jobs_platform.metrics import names
+from jobs_platform.metrics.counters import RecordedCounter
 
 logger = logging.getLogger("jobs_platform.idempotency")
 
 #: Duplicates suppressed, by task and by guard (``transition``, ``key``, ``unique``).
-DUPLICATES_SKIPPED = Counter(
-    "jobs_duplicates_skipped",
-    "Deliveries or dispatches recognised as duplicates; their side effect did not run.",
-    ["task", "guard"],
-)
+#: Recorded for the exporter (jobs_platform.metrics) and kept per process.
+DUPLICATES_SKIPPED = RecordedCounter(names.DUPLICATES_SKIPPED)
 
 
 def skipped(task: str, guard: str, message: str, *args: object) -> None:
@@ -27,4 +25,4 @@ def skipped(task: str, guard: str, message: str, *args: object) -> None:
 
 def skipped_count(task: str, guard: str) -> float:
     """The counter's value in this process (for tests and the demo)."""
-    return float(DUPLICATES_SKIPPED.labels(task=task, guard=guard)._value.get())
+    return DUPLICATES_SKIPPED.labels(task=task, guard=guard).value()

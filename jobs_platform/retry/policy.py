@@ -28,8 +28,9 @@ class RetryPolicy:
 
     @property
     def longest_wait_s(self) -> float:
-        """The longest single wait this policy can ask for (Retry-After is capped to it too)."""
-        return float(self.backoff_max_s)
+        """The longest single wait this policy can ask for (Retry-After is capped to it too);
+        none when it never retries."""
+        return float(self.backoff_max_s) if self.max_retries else 0.0
 
     def delay_for(
         self,

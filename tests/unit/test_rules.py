@@ -111,7 +111,7 @@ def test_exception_types_classifier_business_key_unique_for() -> None:
         ({"hard_limit_s": 0}, "time_limit must be > 0"),
         ({"hard_limit_s": 95}, r"time_limit 95 s is not below .* = 90 s"),
         ({"soft_limit_s": 30}, "soft_time_limit 30 s must be below time_limit 30 s"),
-        ({"longest_wait_s": 60}, r"retry_backoff_max 60 s plus time_limit 30 s"),
+        ({"longest_wait_s": 500}, r"retry_backoff_max 500 s is longer than JOBS_MAX_DELAY"),
     ],
 )
 def test_task_limits(limits: dict[str, Any], message: str) -> None:
@@ -121,6 +121,7 @@ def test_task_limits(limits: dict[str, Any], message: str) -> None:
         "soft_limit_s": 25.0,
         "visibility_timeout_s": 100.0,
         "margin_s": 10.0,
+        "max_delay_s": 400.0,
         **limits,
     }
     with pytest.raises(ConfigError, match=message):
@@ -147,7 +148,8 @@ def test_dispatch_rules() -> None:
         name = "fast"
 
     rules.check_dispatch_queue(NamedQueue(), task="t")
-    with pytest.raises(DispatchError, match="celery beat"):
-        rules.check_dispatch_delay(
-            "t", 3600, hard_limit_s=30, visibility_timeout_s=600, margin_s=60
-        )
+    # Longer than the visibility timeout is fine (the delayed store holds it) ...
+    rules.check_dispatch_delay("t", 3600, max_delay_s=86400)
+    # ... longer than JOBS_MAX_DELAY is refused, pointing at beat.
+    with pytest.raises(DispatchError, match=r"longer than JOBS_MAX_DELAY .*celery beat"):
+        rules.check_dispatch_delay("t", 86401, max_delay_s=86400)

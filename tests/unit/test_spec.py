@@ -29,6 +29,7 @@ def test_defaults_come_from_the_settings_and_the_queue_profile() -> None:
         "default_retry_delay": 2.0,
         "time_limit": 60.0,
         "soft_time_limit": 50.0,
+        "rate_limit": None,  # Celery's own per-worker limit stays off; the global one is ours
     }
 
 

@@ -1,0 +1,29 @@
+"""The store's settings as every part reads them: from the app's broker transport options.
+
+The transport only sees kombu's transport options, so those are the one source: the
+releaser, revoke and the CLI read the same two entries (set by
+:func:`jobs_platform.delayed.install`), and nobody can disagree about the key prefix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs_platform.delayed.store import DEFAULT_PREFIX, Keys
+from jobs_platform.process_local import redis_client
+
+#: Transport option: seconds kept below the visibility timeout (``JOBS_VISIBILITY_MARGIN``).
+MARGIN = "jobs_delay_margin"
+#: Transport option: the store's Redis key prefix.
+PREFIX = "jobs_delayed_prefix"
+
+
+def keys_for(app: Any) -> Keys:
+    """The store keys of ``app``."""
+    transport = app.conf.broker_transport_options or {}
+    return Keys(str(transport.get(PREFIX) or DEFAULT_PREFIX))
+
+
+def client_for(app: Any) -> Any:
+    """This process's Redis client for ``app``'s broker (where the store lives)."""
+    return redis_client(str(app.conf.broker_url))

@@ -1,0 +1,79 @@
+"""kombu's Redis transport with one change: long delays are stored, not queued.
+
+Every task message reaches Redis through ``Channel._put`` (producers' ``apply_async`` and
+workers' retries alike), so this is the one place that sees them all. A message whose
+wait is not safely below the visibility timeout (:mod:`.divert`) is written to the
+delayed store instead of its queue, byte-for-byte as it would have been queued (task id,
+priority, headers), to be released when due (:mod:`.releaser`). Everything else is
+kombu's own code path.
+
+The URL stays ``redis://`` (or ``rediss://``): Celery's ``broker_transport`` setting names
+this class (:func:`jobs_platform.delayed.install`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+
+from jobs_platform.delayed import divert, options
+from jobs_platform.delayed.store import DEFAULT_PREFIX, DelayedJob, Keys, store_args
+
+
+class Channel(kombu_redis.Channel):  # type: ignore[misc]
+    """A Redis channel that diverts long delays to the delayed store."""
+
+    #: Seconds kept below the visibility timeout (transport option ``jobs_delay_margin``).
+    jobs_delay_margin: float = 0.0
+    #: The store's key prefix (transport option ``jobs_delayed_prefix``).
+    jobs_delayed_prefix: str = DEFAULT_PREFIX
+
+    from_transport_options = (
+        *kombu_redis.Channel.from_transport_options,
+        options.MARGIN,
+        options.PREFIX,
+    )
+
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> None:
+        now_s = time.time()
+        due = divert.due_ms(
+            message,
+            now_s=now_s,
+            visibility_timeout_s=float(self.visibility_timeout),
+            margin_s=float(self.jobs_delay_margin),
+        )
+        if due is None:
+            super()._put(queue, message, **kwargs)
+            return
+        args = store_args(Keys(self.jobs_delayed_prefix), self._job(queue, message, due, now_s))
+        batch = kwargs.pop("_publish_batch", None)
+        if batch is not None:
+            batch.add("eval", *args)  # flushed with the batch's other commands
+            return
+        with self.conn_or_acquire() as client:
+            # EVAL is not among the commands kombu's global_keyprefix client rewrites:
+            # every key passed is used as given.
+            client.eval(*args)
+
+    def _job(self, queue: str, message: dict[str, Any], due: int, now_s: float) -> DelayedJob:
+        headers = message["headers"]
+        priority = self._get_message_priority(message, reverse=False)
+        return DelayedJob(
+            id=str(headers["id"]),
+            list=self.global_keyprefix + self._q_for_pri(queue, priority),
+            payload=kombu_redis.dumps(message),  # what kombu's _put would LPUSH
+            task=str(headers.get("task", "")),
+            queue=queue,
+            priority=priority,
+            due=due,
+            eta=str(headers.get("eta")),
+            stored=round(now_s * 1000),
+        )
+
+
+class Transport(kombu_redis.Transport):  # type: ignore[misc]
+    """kombu's Redis transport using :class:`Channel`."""
+
+    Channel = Channel

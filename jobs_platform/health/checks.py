@@ -1,0 +1,394 @@
+"""The health checks: each a small function returning a :class:`Check`; verdicts are pure.
+
+Each check is bounded by its own timeouts; the runner (:mod:`.runner`) bounds the whole
+run. A check never raises: an unexpected error is its ``FAIL`` line (:func:`timed`), with
+every password masked and on one line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from jobs_platform import history
+from jobs_platform.deadletter.record import parse_time
+from jobs_platform.urls import masked
+
+#: Beat may be this late on top of twice its expected tick gap (start-up, a slow Redis).
+BEAT_SLACK_S = 10.0
+#: A spooled dead letter may wait this long on top of two drain intervals: the capture
+#: path makes up to JOBS_DLQ_WRITE_ATTEMPTS attempts (a connect timeout each) before
+#: leaving it to the drainer.
+SPOOL_SLACK_S = 30.0
+#: Longest detail kept on a line (a database error can be a page long).
+MAX_DETAIL = 300
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    elapsed_s: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "detail": self.detail,
+            "elapsed_s": round(self.elapsed_s, 4),
+        }
+
+
+def one_line(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` on one line, cut to :data:`MAX_DETAIL`, with every secret replaced."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 3] + "..."
+
+
+def passwords(*urls: str) -> list[str]:
+    """The passwords in ``urls`` (to be masked wherever an error message repeats them)."""
+    import urllib.parse
+
+    found: list[str] = []
+    for url in urls:
+        try:
+            password = urllib.parse.urlsplit(url).password
+        except ValueError:
+            continue
+        if password:
+            found.extend({password, urllib.parse.unquote(password)})
+    return found
+
+
+def describe_error(exc: BaseException) -> str:
+    """The driver's own message when there is one (SQLAlchemy wraps it with a page of text)."""
+    inner = getattr(exc, "orig", None) or exc
+    return f"{type(inner).__name__}: {inner}" if str(inner) else type(inner).__name__
+
+
+def timed(name: str, run: Callable[[], tuple[bool, str]], *, secrets: Sequence[str] = ()) -> Check:
+    """Run one check; an exception is its failure, never a traceback."""
+    start = time.monotonic()
+    try:
+        ok, detail = run()
+    except Exception as exc:
+        ok, detail = False, describe_error(exc)
+    return Check(name, ok, one_line(detail, secrets), time.monotonic() - start)
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def _age(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
+
+
+# -- 1. broker ---------------------------------------------------------------------------------
+
+
+def broker(url: str, timeout_s: float) -> Check:
+    """Redis PING with short socket timeouts (a black-holed broker fails in ``timeout_s``)."""
+
+    def ping() -> tuple[bool, str]:
+        client = redis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        try:
+            start = time.monotonic()
+            client.ping()
+            return True, f"{masked(url)} answered PING in {_ms(time.monotonic() - start)}"
+        except redis.RedisError as exc:
+            return False, f"{masked(url)} does not answer: {describe_error(exc)}"
+        finally:
+            client.close()
+
+    return timed("broker", ping, secrets=passwords(url))
+
+
+# -- 2. database -------------------------------------------------------------------------------
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL (``None``: not SQLite, or in memory)."""
+    if not url.startswith("sqlite"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def database(url: str) -> Check:
+    """``SELECT 1`` through the platform's engine; a missing SQLite file is not created."""
+
+    def select_one() -> tuple[bool, str]:
+        path = sqlite_path(url)
+        if path is not None and not path.exists():
+            # SQLite would create an empty database; workers create (and migrate) it at start.
+            return False, (
+                f"{masked(url)}: no database file at {path} "
+                "(workers create it at start; `celery -A APP db upgrade` does it by hand)"
+            )
+        import sqlalchemy as sa
+
+        from jobs_platform.db import engine_for
+
+        start = time.monotonic()
+        try:
+            with engine_for(url).connect() as conn:
+                conn.execute(sa.text("SELECT 1"))
+        except sa.exc.SQLAlchemyError as exc:
+            return False, f"{masked(url)} does not answer: {describe_error(exc)}"
+        return True, f"{masked(url)} answered SELECT 1 in {_ms(time.monotonic() - start)}"
+
+    return timed("database", select_one, secrets=passwords(url))
+
+
+# -- 3. consumers ------------------------------------------------------------------------------
+
+
+def consumers_by_queue(replies: Mapping[str, Any] | None) -> dict[str, list[str]]:
+    """Queue -> the workers consuming it, from an ``active_queues`` broadcast's replies."""
+    by_queue: dict[str, list[str]] = {}
+    for worker, queues in sorted((replies or {}).items()):
+        for queue in queues if isinstance(queues, list) else ():
+            name = queue.get("name") if isinstance(queue, dict) else None
+            if isinstance(name, str):
+                by_queue.setdefault(name, []).append(worker)
+    return by_queue
+
+
+def consumers(
+    queues: Sequence[str], replies: Mapping[str, Any] | None, *, wait_s: float, elapsed_s: float
+) -> list[Check]:
+    """One check per queue: at least one worker answered that it consumes it."""
+    by_queue = consumers_by_queue(replies)
+    answered = len(replies or {})
+    out = []
+    for queue in queues:
+        workers = by_queue.get(queue, [])
+        if workers:
+            detail = f"consumed by {', '.join(workers)}"
+        elif answered:
+            detail = (
+                f"no worker consumes {queue} "
+                f"({answered} worker(s) answered within {wait_s:g} s, none for {queue})"
+            )
+        else:
+            detail = f"no worker consumes {queue} (no worker answered within {wait_s:g} s)"
+        out.append(Check(f"consumers:{queue}", bool(workers), detail, elapsed_s))
+    return out
+
+
+# -- 5. beat -----------------------------------------------------------------------------------
+
+
+def schedule_gap_s(beat_schedule: Mapping[str, Any], max_loop_interval_s: float) -> float | None:
+    """Longest expected time between two beat ticks (``None``: no schedule, nothing to check).
+
+    Beat wakes when the next entry is due and at least every ``beat_max_loop_interval``:
+    an interval entry shorter than that sets the pace; a crontab's is left to the loop.
+    """
+    if not beat_schedule:
+        return None
+    from celery.schedules import maybe_schedule
+
+    gap = max_loop_interval_s
+    for entry in beat_schedule.values():
+        every = getattr(maybe_schedule(_entry_schedule(entry)), "run_every", None)
+        if isinstance(every, dt.timedelta):
+            gap = min(gap, every.total_seconds())
+    return gap
+
+
+def _entry_schedule(entry: Any) -> Any:
+    return entry.get("schedule") if isinstance(entry, Mapping) else getattr(entry, "schedule", None)
+
+
+def beat_verdict(
+    gap_s: float | None, ticks: Mapping[str, str], now: dt.datetime
+) -> tuple[bool, str]:
+    """Ticking if the newest tick is within twice the expected gap plus slack."""
+    if gap_s is None:
+        return True, "no beat schedule in this app: nothing to check"
+    bound = 2 * gap_s + BEAT_SLACK_S
+    times = {entry: parse_time(value) for entry, value in ticks.items()}
+    readable = {entry: moment for entry, moment in times.items() if moment is not None}
+    if not readable:
+        what = "no readable tick" if ticks else "no tick at all"
+        return False, f"beat has never ticked ({what}): is a beat running?"
+    entry, newest = max(readable.items(), key=lambda item: item[1])
+    age = (now - newest).total_seconds()
+    if age > bound:
+        return False, (
+            f"beat is silent: newest tick {_age(age)} ago ({entry}), bound {_age(bound)} "
+            f"(2 x {gap_s:g} s + {BEAT_SLACK_S:g} s)"
+        )
+    return True, f"newest tick {_age(max(age, 0.0))} ago ({entry}), bound {_age(bound)}"
+
+
+def beat(
+    client: redis.Redis,
+    key: str,
+    beat_schedule: Mapping[str, Any],
+    max_loop_interval_s: float,
+    now: Callable[[], dt.datetime],
+) -> Check:
+    def run() -> tuple[bool, str]:
+        gap = schedule_gap_s(beat_schedule, max_loop_interval_s)
+        if gap is None:
+            return beat_verdict(None, {}, now())
+        ticks = {_text(k): _text(v) for k, v in client.hgetall(key).items()}
+        return beat_verdict(gap, ticks, now())
+
+    return timed("beat", run)
+
+
+# -- 6. dead-letter spool ----------------------------------------------------------------------
+
+
+def spool_bound_s(drain_interval_s: float) -> float:
+    return 2 * drain_interval_s + SPOOL_SLACK_S
+
+
+def spool_verdict(
+    depth: int, oldest: str | None, now: dt.datetime, bound_s: float
+) -> tuple[bool, str]:
+    """Draining if empty, or if its oldest dead letter has waited less than ``bound_s``.
+
+    Every dead letter passes through the spool for a moment (spooled before the database
+    write), so depth alone would fail on a healthy burst; one the drainers have left there
+    for longer than two drain passes means the database writes are failing.
+    """
+    if depth == 0:
+        return True, "empty"
+    failed_at = None
+    if oldest is not None:
+        try:
+            failed_at = parse_time(json.loads(oldest).get("failed_at"))
+        except (ValueError, AttributeError):
+            failed_at = None
+    if failed_at is None:
+        return False, (
+            f"{depth} entr{'y' if depth == 1 else 'ies'} in the spool and the oldest is not a "
+            "dead letter the drainer can read (a drainer would have moved it aside)"
+        )
+    age = (now - failed_at).total_seconds()
+    if age > bound_s:
+        return False, (
+            f"not draining: {depth} dead letter(s) in the spool, the oldest waiting "
+            f"{_age(age)} (bound {_age(bound_s)}): database writes fail or no worker drains "
+            "(`celery -A APP dlq drain`)"
+        )
+    return True, f"{depth} dead letter(s) in the spool, the oldest {_age(max(age, 0.0))}"
+
+
+def spool(
+    client: redis.Redis, key: str, drain_interval_s: float, now: Callable[[], dt.datetime]
+) -> Check:
+    def run() -> tuple[bool, str]:
+        pipe = client.pipeline(transaction=False)
+        pipe.llen(key)
+        pipe.lindex(key, 0)  # the spool is RPUSHed: the head is the oldest
+        depth, oldest = pipe.execute()
+        head = None if oldest is None else _text(oldest)
+        return spool_verdict(int(depth), head, now(), spool_bound_s(drain_interval_s))
+
+    return timed("spool", run)
+
+
+# -- 7. oldest waiting job ---------------------------------------------------------------------
+
+
+def objectives(settings: Any) -> dict[str, float]:
+    """Each queue's objective (JOBS_QUEUE_OBJECTIVES; the settings check they cover every queue)."""
+    return {str(q): float(s) for q, s in settings.queue_objectives.items()}
+
+
+def enqueued_at(raw: str | bytes | None) -> dt.datetime | None:
+    """The ``jobs_enqueued_at`` stamp of a kombu Redis message (``None``: none readable)."""
+    if raw is None:
+        return None
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    headers = message.get("headers") if isinstance(message, dict) else None
+    if not isinstance(headers, dict):
+        return None
+    return parse_time(headers.get(history.ENQUEUED_HEADER))
+
+
+def backlog_verdict(
+    depth: int,
+    tails: Sequence[str | bytes | None],
+    now: dt.datetime,
+    objective_s: float,
+) -> tuple[bool, str]:
+    """``tails`` are the oldest message of each priority sub-list (each is FIFO)."""
+    if depth == 0:
+        return True, f"empty (objective {_age(objective_s)})"
+    stamps = [s for s in map(enqueued_at, tails) if s is not None]
+    if not stamps:
+        return True, (
+            f"{depth} waiting; the oldest carry no {history.ENQUEUED_HEADER} stamp "
+            "(not sent by ReliableTask): age unknown"
+        )
+    age = max(0.0, (now - min(stamps)).total_seconds())
+    if age > objective_s:
+        return False, (
+            f"oldest waiting job {_age(age)} old, objective {_age(objective_s)} ({depth} waiting)"
+        )
+    return True, f"{depth} waiting, oldest {_age(age)} (objective {_age(objective_s)})"
+
+
+def backlog(
+    app: Any, queues: Sequence[str], goals: Mapping[str, float], now: Callable[[], dt.datetime]
+) -> list[Check]:
+    """One check per queue, reading every priority sub-list's oldest message in one pipeline.
+
+    kombu's own channel names the sub-lists (its priority steps, separator and key prefix
+    from the app's transport options), so this reads exactly what workers consume.
+    """
+    start = time.monotonic()
+    try:
+        with app.connection_for_read() as conn:
+            channel = conn.default_channel
+            keys = {q: [channel._q_for_pri(q, p) for p in channel.priority_steps] for q in queues}
+            pipe = channel.client.pipeline(transaction=False)
+            for names in keys.values():
+                for key in names:
+                    pipe.llen(key)
+                    pipe.lindex(key, -1)  # LPUSHed, BRPOPed: the tail is the oldest
+            values = iter(pipe.execute())
+    except Exception as exc:
+        detail = one_line(describe_error(exc), passwords(app.conf.broker_url or ""))
+        return [Check(f"backlog:{q}", False, detail, time.monotonic() - start) for q in queues]
+    moment = now()
+    out = []
+    for queue, names in keys.items():
+        depth, tails = 0, []
+        for _ in names:
+            depth += int(next(values) or 0)
+            tails.append(next(values))
+        ok, detail = backlog_verdict(depth, tails, moment, goals[queue])
+        out.append(Check(f"backlog:{queue}", ok, detail, time.monotonic() - start))
+    return out
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
