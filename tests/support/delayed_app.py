@@ -78,7 +78,8 @@ def make_bare_app(broker_url: str | None = None) -> Any:
 
 
 def declare_bare(bare: Any) -> SimpleNamespace:
-    @bare.task(bind=True, name="bare.record_run", time_limit=TIME_LIMIT)
+    # Not shared: a shared task would be added to every app finalized later in the session.
+    @bare.task(bind=True, name="bare.record_run", time_limit=TIME_LIMIT, shared=False)
     def record_run(self: Any, key: str) -> str:
         record(self, key)
         return "ran"
