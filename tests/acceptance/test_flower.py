@@ -412,14 +412,21 @@ def test_flower_keeps_its_state_through_a_crash_when_it_saves_periodically(
 ) -> None:
     env = {**flower_env, "JOBS_FLOWER_STATE_SAVE_INTERVAL": "1"}
     state_files = lambda: list(tmp_path.glob("flower.db*"))  # noqa: E731 (dbm adds suffixes)
-    with worker(env, ["fast"], tmp_path), FlowerProcess(env, tmp_path) as flower:
+    with worker(env, ["fast"], tmp_path) as busy, FlowerProcess(env, tmp_path) as flower:
+        # Flower answers HTTP before its event receiver is connected; a task sent in between
+        # would reach it only partly (the events it missed are not replayed). A heartbeat
+        # seen in /metrics shows the receiver is listening.
+        online = f'flower_worker_online{{worker="{busy.hostname}"}} 1.0'
+        wait_for(
+            lambda: online in get(f"{flower.url}/metrics")[1],
+            timeout_s=30,
+            message="Flower receiving the worker's events",
+        )
         done = flower_tasks.invoice.delay("crash-test", 1)
         assert done.get(timeout=30).startswith("invoiced")
         info = f"{flower.url}/api/task/info/{done.id}"
 
         def finished_in_flower() -> bool:
-            # The task-received event (with the arguments) and task-succeeded can reach
-            # Flower in either order within one batch of events: wait for both.
             status, body = get(info, auth=(USER, PASSWORD))
             return status == 200 and (json.loads(body)["state"], json.loads(body)["args"]) == (
                 "SUCCESS",
