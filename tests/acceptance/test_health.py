@@ -135,8 +135,8 @@ def test_a_healthy_stack_passes_every_check_quickly(stack: Stack) -> None:
             f"consumed by {stack.workers[queue].hostname}"
         )
         assert checks[f"canary:{queue}"]["detail"].startswith("round trip ")
-    # A container health check: the whole process, interpreter start included.
-    assert took < 5, f"a healthy check took {took:.2f} s"
+    # A container health check: the whole process, interpreter start included. Reported,
+    # not asserted (no timed assertions); the bound is the command's --timeout.
     print(f"\nhealthy stack: `health` took {took:.2f} s wall")
 
 
