@@ -80,6 +80,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
         self.clock = clock or utcnow
         self.sender_id = sender_id or default_sender_id()
         self.leading = False
+        self._closed = False
         self._role: str | None = None  # "leader" / "standby", as last logged
         self._policies: dict[str, EntryPolicy] = {}
         self._options: dict[str, dict[str, Any]] = {}
@@ -150,6 +151,10 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def tick(self, *args: Any, **kwargs: Any) -> float:
         """One pass: hold or seek the lead; as leader, send what is due. Returns the sleep."""
+        if self._closed:
+            # A SIGTERM that landed inside a publish can be swallowed as an I/O error by the
+            # send's handler; beat then keeps ticking. Once closed it must never lead again.
+            raise SystemExit(0)
         try:
             return self._tick()
         except redis.RedisError as exc:
@@ -368,6 +373,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     def close(self) -> None:
         """Hand the lead over at once on a clean stop (the standby need not wait for the TTL)."""
+        self._closed = True
         if self.leading:
             try:
                 self.leader.release()
@@ -379,4 +385,8 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
             except redis.RedisError:
                 pass  # the lock expires by itself
             self.leading = False
+        # The last sends since the previous flush would otherwise miss the fleet's totals.
+        from jobs_platform.metrics import counters
+
+        counters.flush()
         super().close()

@@ -124,6 +124,23 @@ def test_a_standby_does_not_resend_a_slot_the_dead_leader_sent(
     assert b.state.skipped("tick", "taken") == 1
 
 
+def test_a_closed_beat_never_leads_again_even_if_its_exit_was_swallowed(
+    app: Any, client: redis.Redis
+) -> None:
+    # Celery's SIGTERM handler closes the scheduler, then raises SystemExit; raised inside a
+    # publish it can surface as an I/O error the send's handler logs, and beat ticks on.
+    clock = FakeClock(START)
+    entries = {"tick": every(1, overlap="allow")}
+    a, b = beat(app, entries, clock, "a"), beat(app, entries, clock, "b")
+    run_for(clock, 2.1, a, b)
+    a.close()
+    assert not a.leading and client.get(a.leader.key) is None
+    with pytest.raises(SystemExit):
+        a.tick()
+    run_for(clock, 2.1, b)
+    assert b.leading and not a.leading
+
+
 def test_a_paused_leader_that_resumes_sends_nothing(app: Any, client: redis.Redis) -> None:
     clock = FakeClock(START)
     entries = {"tick": every(1, overlap="allow")}
