@@ -12,7 +12,7 @@ from jobs_platform import create_app
 app = create_app("tasks")
 
 # Importing the modules declares (and validates) their tasks.
-from tasks import billing, email, media, partner, reminders, reports, schedule  # noqa: E402
+from tasks import billing, email, media, partner, reminders, reports, schedule, shop  # noqa: E402
 
 __all__ = [
     "app",
@@ -23,4 +23,5 @@ __all__ = [
     "reminders",
     "reports",
     "schedule",
+    "shop",
 ]

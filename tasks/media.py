@@ -7,6 +7,7 @@ the task twice produces the same file: naturally idempotent.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +24,17 @@ def thumbnail_path(upload_id: int, size: int) -> Path:
     return data_dir() / "thumbnails" / f"{upload_id}-{size}.pgm"
 
 
+#: "P5", width, height, maxval, then exactly one whitespace byte before the pixels (a pixel
+#: may itself be a whitespace byte, so the header is matched, not split).
+_PGM_HEADER = re.compile(rb"P5\s+(\d+)\s+(\d+)\s+255\s")
+
+
 def read_pgm(data: bytes) -> tuple[int, int, bytes]:
-    parts = data.split(maxsplit=4)
-    if len(parts) < 5 or parts[0] != b"P5" or parts[3] != b"255":
+    header = _PGM_HEADER.match(data)
+    if header is None:
         raise PermanentError("not an 8-bit binary PGM image")
-    width, height = int(parts[1]), int(parts[2])
-    pixels = parts[4][: width * height]
+    width, height = int(header[1]), int(header[2])
+    pixels = data[header.end() : header.end() + width * height]
     if len(pixels) != width * height:
         raise PermanentError("truncated image")
     return width, height, pixels

@@ -1,0 +1,204 @@
+"""``python -m tasks.demo [--short] [--dir DIR] [--seed N]``: start, tour, stop, report.
+
+The broker is the Redis at ``JOBS_BROKER_URL`` (default ``redis://127.0.0.1:6379/0``) if
+one answers; otherwise a private ``redis-server`` on a free loopback port, and the tour
+runs again in a child process pointed at it (the ``tasks`` app reads its settings when it
+is imported, which ``python -m tasks.demo`` has already done).
+
+The database is the platform's default SQLite file (``./jobs_platform.sqlite3``) unless
+``JOBS_DATABASE_URL`` says otherwise; files (uploads, thumbnails, logs, Flower's state, the
+chart) go under ``--dir`` / ``JOBS_DEMO_DIR`` (default ``.demo`` in the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+from types import FrameType
+
+import redis
+import sqlalchemy as sa
+from rich.console import Console
+
+from jobs_platform import db
+from jobs_platform.testing import RedisServer, port_answers
+from jobs_platform.urls import masked
+from tasks import app, billing, shop
+from tasks.demo import chart, report, stack, tour
+from tasks.demo.live import LiveView
+from tasks.demo.observe import EventLog, Sampler
+
+DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
+#: Set in the child that runs the tour on a private redis-server (no second fallback).
+PRIVATE_FLAG = "JOBS_DEMO_PRIVATE_REDIS"
+STOCK_SYNC_EVERY_S = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    short: bool
+    demo_dir: Path
+    seed: int
+
+
+def parse_args(argv: list[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m tasks.demo",
+        description="The reference app as a shop, end to end on real services, with a report.",
+    )
+    parser.add_argument(
+        "--short",
+        action="store_true",
+        default=os.environ.get("JOBS_DEMO_SHORT", "") not in ("", "0"),
+        help="the same steps with a smaller workload (JOBS_DEMO_SHORT=1)",
+    )
+    parser.add_argument(
+        "--dir",
+        type=Path,
+        default=Path(os.environ.get("JOBS_DEMO_DIR") or stack.ROOT / ".demo"),
+        help="where the tour writes its files (JOBS_DEMO_DIR; default .demo in the repository)",
+    )
+    parser.add_argument("--seed", type=int, default=7, help="the flaky gateway's seed")
+    args = parser.parse_args(argv)
+    return Options(short=args.short, demo_dir=args.dir.resolve(), seed=args.seed)
+
+
+def redis_answers(url: str) -> bool:
+    parts = urllib.parse.urlparse(url)
+    if parts.scheme != "redis" or not port_answers(
+        parts.hostname or "127.0.0.1", parts.port or 6379
+    ):
+        return False
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def absolute_database_url(url: str) -> str:
+    """``url`` with a relative SQLite path made absolute (every process must open one file,
+    whatever its working directory)."""
+    parsed = sa.engine.make_url(url)
+    if parsed.drivername.startswith("sqlite") and parsed.database not in (None, "", ":memory:"):
+        path = Path(str(parsed.database))
+        if not path.is_absolute():
+            parsed = parsed.set(database=str(Path.cwd() / path))
+    return parsed.render_as_string(hide_password=False)
+
+
+def console_for_output() -> Console:
+    # Wide enough for the report's tables even when output is piped (make, CI logs).
+    return Console(highlight=False, width=max(Console().width, 140))
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = parse_args(sys.argv[1:] if argv is None else argv)
+    console = console_for_output()
+    url = os.environ.get("JOBS_BROKER_URL", DEFAULT_BROKER)
+    if redis_answers(url):
+        console.print(f"broker: the Redis at [bold]{masked(url)}[/]")
+        return run_tour(options, url, console)
+    if os.environ.get(PRIVATE_FLAG):
+        console.print(f"[red]the private redis-server at {masked(url)} does not answer[/]")
+        return 1
+    with RedisServer() as server:
+        console.print(
+            f"broker: nothing answers at {masked(url)}; started a private redis-server at "
+            f"[bold]{server.url}[/] (stopped at the end)"
+        )
+        env = {**os.environ, "JOBS_BROKER_URL": server.url, PRIVATE_FLAG: "1"}
+        args = [sys.executable, "-m", "tasks.demo", *(sys.argv[1:] if argv is None else argv)]
+        child = subprocess.Popen(args, env=env)
+        while True:
+            try:
+                return child.wait()
+            except KeyboardInterrupt:
+                continue  # the child got the same Ctrl-C and is stopping what it started
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run_tour(options: Options, broker_url: str, console: Console) -> int:
+    """Start everything, run the tour, stop everything (even on Ctrl-C), report."""
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    workload = tour.SHORT if options.short else tour.FULL
+    demo_dir = options.demo_dir
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    database_url = absolute_database_url(app.jobs_settings.database_url)
+    # Read by the app's code at call time in this process (billing, paths).
+    os.environ["JOBS_DATABASE_URL"] = database_url
+    os.environ["JOBS_APP_DATA"] = str(demo_dir / "appdata")
+    began = time.time()
+    console.print(f"database: [bold]{masked(database_url)}[/]; files under [bold]{demo_dir}[/]")
+    db.upgrade(database_url)  # once, before the workers (they would race on SQLite)
+    shop.create_schema(billing.billing_engine())
+    shop.sync_runs_log().unlink(missing_ok=True)
+    tour.make_uploads(workload.uploads)
+    try:
+        with contextlib.ExitStack() as stack:
+            services = stack_start(stack, options, broker_url, database_url, console)
+            ready = time.time()
+            sampler = stack.enter_context(Sampler(services.metrics_url))
+            events = stack.enter_context(EventLog(app))
+            facts = tour.Facts(workload, time.time(), broker_url, database_url, demo_dir, services)
+            stack.callback(tour.forget_delayed, facts)
+            view = stack.enter_context(LiveView(console, sampler, events, facts.t0))
+            console.print(
+                f"Flower: [bold]{services.flower_url}[/] (user {services.flower_auth[0]}, "
+                f"password {services.flower_auth[1]})   metrics: [bold]{services.metrics_url}[/]"
+            )
+            tour.run(facts, view, events, sampler)
+            tour.gather(facts, events, sampler)
+            stopping = time.time()
+            view.say("stopping every process the tour started ...")
+    except KeyboardInterrupt:
+        console.print("[bold]interrupted:[/] everything the tour started has been stopped")
+        return 130
+    except Exception:
+        console.print_exception(max_frames=8)
+        console.print(
+            "[bold red]the tour failed[/] (above); everything it started has been stopped. "
+            f"The processes' logs are in {demo_dir / 'logs'}"
+        )
+        return 1
+    stopped = time.time()
+    path = chart.draw(facts, demo_dir / "tour.png")
+    ok = report.print_report(console, facts, str(path))
+    console.print(
+        f"\nthe tour took {stopped - began:.0f} s: start-up {ready - began:.0f} s, workload "
+        f"{stopping - facts.t0:.0f} s, stopping {stopped - stopping:.0f} s"
+    )
+    console.print(f"chart: [bold]{path}[/]")
+    if not ok:
+        console.print("[bold red]some expectations did not hold (above)[/]")
+        return 1
+    console.print("[bold green]every expectation held[/]")
+    return 0
+
+
+def stack_start(
+    stack_: contextlib.ExitStack,
+    options: Options,
+    broker_url: str,
+    database_url: str,
+    console: Console,
+) -> stack.Stack:
+    return stack.start(
+        stack_,
+        broker_url=broker_url,
+        database_url=database_url,
+        demo_dir=options.demo_dir,
+        seed=options.seed,
+        stock_sync_every_s=STOCK_SYNC_EVERY_S,
+        say=console.print,
+    )

@@ -1,0 +1,106 @@
+"""``make demo``'s short form, end to end: ``python -m tasks.demo --short`` as a subprocess.
+
+It runs in a directory of its own (the default SQLite file and the demo's files land there)
+on the session's own Redis database, and must exit 0 with the report's sections, no
+duplicate charge, a valid PNG chart, and no process of its own left running.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs_platform.testing import wait_for
+from tests.acceptance.conftest import ROOT
+
+pytestmark = pytest.mark.acceptance
+
+SECTIONS = (
+    "1. Jobs by outcome, per queue",
+    "2. Retries and their waits",
+    "3. Dead letters (from the dead_letter_jobs table)",
+    "4. Charges vs orders",
+    "5. A worker SIGKILLed mid-run",
+    "6. A delayed job through the delayed store",
+    "7. Beat: two beats, a 1-second entry, each slot sent once",
+    "8. The warehouse's rate limit",
+    "Expectations",
+    "Where to look next",
+)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def processes_with(marker: str) -> list[int]:
+    """Processes whose environment contains ``marker`` (every process the demo starts
+    inherits its JOBS_DEMO_DIR)."""
+    found = []
+    needle = marker.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk (the first one, right after the signature)."""
+    assert data[:8] == PNG_SIGNATURE, "not a PNG"
+    length, kind = struct.unpack(">I4s", data[8:16])
+    assert kind == b"IHDR" and length == 13, "a PNG starts with its IHDR chunk"
+    width, height = struct.unpack(">II", data[16:24])
+    return int(width), int(height)
+
+
+def test_the_short_tour_runs_reports_and_stops_everything(redis_url: str, tmp_path: Path) -> None:
+    demo_dir = tmp_path / "demo-files"
+    env = {
+        **os.environ,
+        "JOBS_BROKER_URL": redis_url,
+        "JOBS_DEMO_DIR": str(demo_dir),
+        "PYTHONPATH": str(ROOT),
+        "COLUMNS": "200",  # the report's tables unwrapped
+    }
+    env.pop("JOBS_DATABASE_URL", None)  # the embedded default: a SQLite file in the cwd
+    run = subprocess.run(
+        [sys.executable, "-m", "tasks.demo", "--short"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=170,
+        check=False,
+    )
+    output = run.stdout + run.stderr
+    failures = [line for line in output.splitlines() if "✗" in line or "did not end" in line]
+    assert run.returncode == 0, "\n".join(failures) + "\n...\n" + output[-6000:]
+
+    for heading in SECTIONS:
+        assert heading in output, f"no section {heading!r} in the report"
+    assert "every expectation held" in output
+    assert "0 charged twice" in output, "the gateway's own count must show no duplicate charge"
+    assert "no job lost: every job sent ended" in output
+    assert (tmp_path / "jobs_platform.sqlite3").exists(), "the embedded SQLite file, in the cwd"
+
+    chart = demo_dir / "tour.png"
+    assert str(chart) in output
+    width, height = png_size(chart.read_bytes())
+    assert width >= 600 and height >= 400
+
+    marker = f"JOBS_DEMO_DIR={demo_dir}"
+    # Everything it started is stopped before it exits; the kernel may take a moment to
+    # reap the last pool processes of a SIGKILLed worker (orphans reparented to init).
+    wait_for(
+        lambda: not processes_with(marker),
+        timeout_s=10,
+        message=lambda: f"the demo's processes to be gone: {processes_with(marker)}",
+    )
