@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install services lint typecheck unit test demo bench clean
+.PHONY: install services lint typecheck unit test demo bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ bench: install services
 	$(BIN)/python -m bench.throughput
 	$(BIN)/python -m bench.delayed
 	$(BIN)/python -m bench.scrape
+	$(BIN)/python -m bench.costs
+	$(BIN)/python -m bench.io_profile
+	$(BIN)/python -m bench.memory
+
+# The long soak (20,000 jobs under kills, a Redis restart and a database cut; ~10 min).
+# Its short form (2,000 jobs) runs in `make test` (tests/acceptance/test_chaos.py).
+chaos: install services
+	$(BIN)/python -m bench.chaos --jobs 20000
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo jobs_platform.sqlite3*

@@ -92,6 +92,10 @@ def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
         # by default); a throttle of 1 makes the interval the real sweep period.
         "unacked_restore_interval": settings.unacked_restore_interval,
         "unacked_restore_throttle": 1,
+        # The sweep's lock: kombu keeps it 300 s, so a worker killed mid-sweep would stop
+        # every restore for 5 minutes; restore_by_tag is a WATCH transaction, so a short
+        # lock that two sweeps overlap under is safe.
+        "unacked_mutex_expire": 10,
         "socket_connect_timeout": timeout / 4,
     }
     backend_retry = {

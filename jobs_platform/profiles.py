@@ -47,7 +47,7 @@ def _cgroup_quota(root: Path) -> float | None:
 @dataclasses.dataclass(frozen=True)
 class WorkerProfile:
     queue: str
-    pool: str  # prefork | threads | solo
+    pool: str  # prefork | gevent
     concurrency: int
     prefetch_multiplier: int
     max_tasks_per_child: int | None
@@ -81,14 +81,16 @@ PROFILES: dict[str, WorkerProfile] = {
     ),
     "thirdparty": WorkerProfile(
         queue="thirdparty",
-        pool="prefork",
-        concurrency=8,
+        pool="gevent",
+        concurrency=100,
         prefetch_multiplier=1,
         max_tasks_per_child=None,
         soft_time_limit_s=50,
         time_limit_s=60,
-        why="Partner APIs: slow I/O, so more processes than cores; isolated so a slow partner "
-        "fills only its own slots; prefork so a hung call is killed at the hard limit.",
+        why="Partner APIs: calls that mostly wait, so 100 cooperative greenlets in one process "
+        "(gevent) instead of a process per call; isolated so a slow partner fills only its "
+        "own slots. A call that yields is stopped at the hard limit (gevent.Timeout); code "
+        "that never yields is caught by the watchdog, which ends the worker.",
     ),
 }
 

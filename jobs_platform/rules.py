@@ -41,8 +41,12 @@ MAX_RETRIES_CEILING = 1000
 PINNED = {"acks_late": True, "reject_on_worker_lost": True, "retry_on_worker_lost": True}
 #: Celery options that would bypass classification.
 REFUSED = ("autoretry_for", "dont_autoretry_for", "retry_kwargs")
-#: Pools that kill a task at its hard time limit.
-LIMIT_ENFORCING_POOLS = frozenset({"prefork"})
+#: Pools that stop a task at its hard time limit. Prefork kills the child process. gevent
+#: raises ``gevent.Timeout`` in the task (``celery/concurrency/gevent.py``, ``apply_timeout``)
+#: where it yields; for code that never yields, the watchdog (:mod:`jobs_platform.cooperative`)
+#: ends the worker. Threads and solo ignore hard limits; eventlet is not covered by the
+#: watchdog.
+LIMIT_ENFORCING_POOLS = frozenset({"prefork", "gevent"})
 
 
 # -- shared ------------------------------------------------------------------------------------
@@ -59,6 +63,11 @@ def check_queue(queue: object, *, what: str) -> str:
 def check_positive(value: float, *, what: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise ConfigError(f"{what} must be > 0 seconds, got {value!r}")
+
+
+def check_positive_int(value: Any, *, what: str, unit: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{what} must be a whole number of {unit} > 0, got {value!r}")
 
 
 def _did_you_mean(name: str, known: Iterable[str], cutoff: float) -> str | None:
@@ -165,6 +174,7 @@ def check_settings(settings: Settings) -> None:
         check_positive(getattr(settings, name), what=name)
     if settings.dlq_write_attempts < 1:
         raise ConfigError("dlq_write_attempts must be >= 1")
+    check_positive_int(settings.max_payload_bytes, what="max_payload_bytes", unit="bytes")
     if settings.beat_loop_interval > settings.beat_lock_timeout / 3:
         # The leader extends its lock once per tick; a slower tick lets the lock lapse and a
         # standby take over while the leader still sends: a slot could go out twice.
@@ -355,7 +365,8 @@ def check_pool(pool: str) -> None:
         raise ConfigError(
             f"the {pool!r} pool does not enforce hard time limits, so a hung task could "
             "outlive the visibility timeout and run twice; start the worker with "
-            "-P prefork (see `celery -A APP worker-profile QUEUE --print`)"
+            "-P prefork, or -P gevent for I/O-bound work "
+            "(see `celery -A APP worker-profile QUEUE --print`)"
         )
 
 
@@ -397,6 +408,17 @@ def check_dispatch_queue(queue: Any, *, task: str) -> None:
     if name not in QUEUE_NAMES:
         raise DispatchError(
             f"{task}: unknown queue {name!r}; the known queues are {', '.join(QUEUE_NAMES)}"
+        )
+
+
+def check_dispatch_payload(task: str, size_bytes: int, *, max_bytes: int) -> None:
+    """A job's arguments (the JSON of ``[args, kwargs]``) may be JOBS_MAX_PAYLOAD_BYTES; a
+    larger message would sit in the broker's memory and be refused by the worker anyway."""
+    if size_bytes > max_bytes:
+        raise DispatchError(
+            f"{task}: the arguments are {size_bytes} bytes of JSON, over JOBS_MAX_PAYLOAD_BYTES "
+            f"({max_bytes} bytes); pass IDs and store large data elsewhere (a database row, "
+            "an object store)"
         )
 
 

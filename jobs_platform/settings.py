@@ -142,6 +142,13 @@ class Settings:
         "Longest countdown/ETA (and retry wait) accepted; a longer one is refused at "
         "dispatch with DispatchError.",
     )
+    max_payload_bytes: int = _knob(
+        1048576,
+        "bytes",
+        "Largest JSON of a job's arguments (`[args, kwargs]`): a larger one is refused at "
+        "dispatch with DispatchError, and one that reaches a queue anyway becomes a `poison` "
+        "dead letter instead of running.",
+    )
     delayed_key_prefix: str = _knob(
         "jobs:delayed",
         "Redis key",

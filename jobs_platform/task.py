@@ -24,9 +24,11 @@ import celery
 from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError, OperationalError
+from kombu.utils.json import dumps as kombu_dumps
 
 from jobs_platform import history, rules
 from jobs_platform.clock import as_utc, utc_iso, utcnow
+from jobs_platform.deadletter.envelope import payload_size
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
@@ -200,6 +202,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             rules.check_dispatch_delay(
                 self.name, delay_s, max_delay_s=self.app.jobs_settings.max_delay
             )
+        _check_payload(self, args, kwargs)
         headers = options.get("headers") or {}
         if history.ENQUEUED_HEADER not in headers:
             options["headers"] = {**headers, history.ENQUEUED_HEADER: utc_iso()}
@@ -408,3 +411,14 @@ def _delay_seconds(countdown: Any, eta: Any) -> float | None:
         return None
     when: dt.datetime = dt.datetime.fromisoformat(eta) if isinstance(eta, str) else eta
     return max(0.0, (as_utc(when) - utcnow()).total_seconds())
+
+
+def _check_payload(task: Any, args: Any, kwargs: Any) -> None:
+    """Refuse arguments over JOBS_MAX_PAYLOAD_BYTES, measured as they will be sent."""
+    try:
+        size = payload_size(args, kwargs, dumps=kombu_dumps)
+    except (TypeError, ValueError):
+        return  # not JSON at all: the publish raises EncodeError, reported below
+    rules.check_dispatch_payload(
+        task.name, size, max_bytes=task.app.jobs_settings.max_payload_bytes
+    )

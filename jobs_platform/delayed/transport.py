@@ -1,4 +1,4 @@
-"""kombu's Redis transport with one change: long delays are stored, not queued.
+"""kombu's Redis transport, storing long delays instead of queueing them.
 
 Every task message reaches Redis through ``Channel._put`` (producers' ``apply_async`` and
 workers' retries alike), so this is the one place that sees them all. A message whose
@@ -8,7 +8,9 @@ priority, headers), to be released when due (:mod:`.releaser`). Everything else 
 kombu's own code path.
 
 The URL stays ``redis://`` (or ``rediss://``): Celery's ``broker_transport`` setting names
-this class (:func:`jobs_platform.delayed.install`).
+this class (:func:`jobs_platform.delayed.install`). Its channel is also the one that
+refuses bad input in a queue without stopping the worker
+(:class:`~jobs_platform.deadletter.rawpoison.PoisonGuardChannel`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,22 @@ from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
+from jobs_platform import reconnect
+from jobs_platform.deadletter.rawpoison import PoisonGuardChannel
 from jobs_platform.delayed import divert, options
 from jobs_platform.delayed.store import DEFAULT_PREFIX, DelayedJob, Keys, store_args
+from jobs_platform.fetch import KillSafeFetch
 
 
-class Channel(kombu_redis.Channel):  # type: ignore[misc]
-    """A Redis channel that diverts long delays to the delayed store."""
+class Channel(KillSafeFetch, PoisonGuardChannel):
+    """A Redis channel that diverts long delays to the delayed store (and guards against
+    poison in the queue, :mod:`jobs_platform.deadletter.rawpoison`; takes messages
+    kill-safe, :mod:`jobs_platform.fetch`)."""
+
+    #: What a kill-safe fetch takes passes the poison screen, as BRPOP's replies do.
+    kill_safe_admit = PoisonGuardChannel.jobs_screen
+    #: Kill-safe bookkeeping, and a broker that dies under held jobs is not fatal.
+    QoS = reconnect.QoS
 
     #: Seconds kept below the visibility timeout (transport option ``jobs_delay_margin``).
     jobs_delay_margin: float = 0.0

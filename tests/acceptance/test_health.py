@@ -183,26 +183,25 @@ def test_a_sigstopped_worker_fails_the_canary(stack: Stack) -> None:
 
 
 def test_a_worker_alive_but_not_consuming_fails_only_the_canary(stack: Stack) -> None:
-    worker = stack.workers["thirdparty"]
+    # A prefork worker (thirdparty runs gevent: one process, no pool children to stop).
+    worker = stack.workers["fast"]
     children = pool_children(worker)
     assert len(children) == 1
     # The main process still answers the broker and control pings; nothing runs a job.
     for pid in children:
         os.kill(pid, signal.SIGSTOP)
     try:
-        code, checks = stack.checks(
-            "--queue", "thirdparty", "--check", "consumers", "--check", "canary"
-        )
+        code, checks = stack.checks("--queue", "fast", "--check", "consumers", "--check", "canary")
     finally:
         for pid in children:
             os.kill(pid, signal.SIGCONT)
     assert code == 1
-    assert checks["consumers:thirdparty"]["ok"]
-    detail = checks["canary:thirdparty"]["detail"]
-    assert not checks["canary:thirdparty"]["ok"]
+    assert checks["consumers:fast"]["ok"]
+    detail = checks["canary:fast"]["detail"]
+    assert not checks["canary:fast"]["ok"]
     assert detail.startswith("no canary back within ")
     assert f"alive but not consuming? ({worker.hostname}: 0/1 running, 0 started" in detail
-    stack.wait_healthy("thirdparty")
+    stack.wait_healthy("fast")
 
 
 def test_a_busy_queue_is_not_a_stuck_one(stack: Stack) -> None:

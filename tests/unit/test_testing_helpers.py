@@ -309,7 +309,7 @@ def test_an_app_created_before_the_test_environment_is_refused_by_name() -> None
 
 
 def test_a_profile_worker_is_the_worker_profile_command_with_its_overrides() -> None:
-    from jobs_platform.profiles import worker_argv
+    from jobs_platform.profiles import PROFILES, worker_argv
     from jobs_platform.testing import WorkerProcess
 
     worker = WorkerProcess.for_profile(
@@ -321,7 +321,7 @@ def test_a_profile_worker_is_the_worker_profile_command_with_its_overrides() -> 
     # The concurrency asked for reaches the command line (it used to keep the profile's 8).
     assert worker.argv() == [sys.executable, "-m", *expected]
     assert worker.argv()[worker.argv().index("-c") + 1] == "1"
-    assert worker.concurrency == 1 and worker.pool == "prefork"
+    assert worker.concurrency == 1 and worker.pool == PROFILES["thirdparty"].pool
     default = WorkerProcess.for_profile("myproj.jobs", "thirdparty", hostname="t@h")
     assert default.argv() == [
         sys.executable,
