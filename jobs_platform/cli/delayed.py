@@ -18,10 +18,12 @@ from typing import Any
 import click
 import redis
 from rich.console import Console
+from rich.text import Text
 
 from jobs_platform.cli import render
 from jobs_platform.cli.bulk import conclude
 from jobs_platform.cli.options import actor_option, json_option, parse_duration
+from jobs_platform.cli.text import check_utf8, printable
 from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.record import parse_time, redact
 from jobs_platform.delayed import options, store
@@ -61,7 +63,7 @@ def _moment(ctx: click.Context, param: click.Parameter, value: str | None) -> dt
 
 
 def _reason(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    if not value.strip():
+    if not check_utf8(ctx, param, value).strip():
         raise click.BadParameter("give a reason: it is logged with the cancellation", ctx, param)
     return value.strip()
 
@@ -158,8 +160,8 @@ def delayed() -> None:
 
 
 @delayed.command("list")
-@click.option("--task", help="Task name.")
-@click.option("--queue", help="Queue the job will be released onto.")
+@click.option("--task", callback=check_utf8, help="Task name.")
+@click.option("--queue", callback=check_utf8, help="Queue the job will be released onto.")
 @click.option("--due-after", callback=_moment, help="Due at or after: 30m, 2h, 7d (from now), ISO.")
 @click.option(
     "--due-before", callback=_moment, help="Due at or before: 30m, 2h, 7d (from now), ISO."
@@ -223,7 +225,7 @@ def _select(
 
 
 @delayed.command("show")
-@click.argument("task_id")
+@click.argument("task_id", callback=check_utf8)
 @json_option
 @click.pass_context
 def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
@@ -232,7 +234,8 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     job = store.get(client, keys, task_id)
     if job is None:
         raise click.ClickException(
-            f"{task_id} is not delayed (never stored, released or cancelled)"
+            f"{printable(task_id, multiline=False)} is not delayed "
+            "(never stored, released or cancelled)"
         )
     redact_keys = ctx.obj.app.jobs_settings.dlq_redact_keys.split(",")
     row = detail(job, redact_keys)
@@ -254,12 +257,13 @@ def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
 
 def _line(console: Console, key: str, value: str) -> None:
     # soft_wrap: an id, a task name or a header line stays one line whatever the width.
-    console.print(f"[bold]{key}[/bold]: ", end="", soft_wrap=True)
-    console.print(value, soft_wrap=True, markup=False, highlight=False)
+    # Text, printable: a message's task name is neither markup nor terminal control.
+    line = Text.assemble((key, "bold"), ": ", printable(value, multiline=False))
+    console.print(line, soft_wrap=True)
 
 
 @delayed.command("cancel")
-@click.argument("task_ids", nargs=-1, required=True)
+@click.argument("task_ids", nargs=-1, required=True, callback=check_utf8)
 @click.option("--reason", required=True, callback=_reason, help="Why you cancel (logged).")
 @actor_option
 @json_option
@@ -303,12 +307,13 @@ def _report(outcomes: list[dict[str, Any]], as_json: bool) -> None:
     if as_json:
         render.emit_json(outcomes)
     for item in outcomes:
+        task_id = printable(item["task_id"], multiline=False)
         if item["outcome"] != "cancelled":
             click.echo(
-                f"{item['task_id']}: not delayed (never stored, already released or cancelled)",
+                f"{task_id}: not delayed (never stored, already released or cancelled)",
                 err=True,
             )
         elif not as_json:
-            click.echo(f"{item['task_id']}: cancelled ({item['task_name']})")
+            click.echo(f"{task_id}: cancelled ({printable(item['task_name'], multiline=False)})")
     done = sum(o["outcome"] == "cancelled" for o in outcomes)
     click.echo(f"cancel: {done} of {len(outcomes)} cancelled", err=as_json)

@@ -28,6 +28,7 @@ from jobs_platform.cli.options import (
     older_than_option,
     reason_moved,
 )
+from jobs_platform.cli.text import printable
 from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.drainer import drainer_for
 from jobs_platform.deadletter.model import STATUSES, TABLE
@@ -251,7 +252,7 @@ def purge(
         return
     deleted = store.purge(cutoff, statuses=statuses)
     # The rows are gone: this line (and the log record) is what remains of the decision.
-    click.echo(f"deleted {deleted} row(s) that {before} (reason: {reason}; by {actor})")
+    click.echo(printable(f"deleted {deleted} row(s) that {before} (reason: {reason}; by {actor})"))
     logger.info(
         "jobs.dlq.purged: %d row(s) that %s, reason %r, by %s",
         deleted,

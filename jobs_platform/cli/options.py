@@ -5,6 +5,9 @@ command that selects rows; ``--reason`` is always the operator's justification, 
 the row (replay, discard) or logged (purge). ``list``/``stats`` used to call the filter
 ``--reason``: there it is now a usage error naming ``--failure-reason``, never a silent
 reinterpretation.
+
+Every free-text option goes through :func:`~jobs_platform.cli.text.check_text`: text no
+database can hold (NUL, bytes that are not UTF-8) is a usage error naming the option.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, TypeVar
 
 import click
 
+from jobs_platform.cli.text import check_text, printable
 from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.model import REASONS, STATUSES
 from jobs_platform.deadletter.record import parse_time
@@ -53,7 +57,7 @@ def parse_since(value: str | None) -> dt.datetime | None:
 
 
 def _since(ctx: click.Context, param: click.Parameter, value: str | None) -> dt.datetime | None:
-    return parse_since(value)
+    return parse_since(check_text(ctx, param, value))
 
 
 def _older_than(ctx: click.Context, param: click.Parameter, value: str) -> dt.timedelta:
@@ -92,9 +96,13 @@ def filter_options(*, status: str | None = None, status_option: bool = False) ->
             return fn(*args, where=where, **kwargs)
 
         options = [
-            click.option("--task", help="Task name."),
-            click.option("--queue", help="Queue the job was in."),
-            click.option("--fingerprint", help="Error fingerprint (see `dlq stats`)."),
+            click.option("--task", callback=check_text, help="Task name."),
+            click.option("--queue", callback=check_text, help="Queue the job was in."),
+            click.option(
+                "--fingerprint",
+                callback=check_text,
+                help="Error fingerprint (see `dlq stats`).",
+            ),
             click.option(
                 "--since", callback=_since, help="Failed since: 30m, 2h, 7d or an ISO time."
             ),
@@ -130,7 +138,7 @@ def _moved(ctx: click.Context, param: click.Parameter, value: str | None) -> Non
     if value is not None:
         raise click.BadParameter(
             "--reason is the operator's justification (replay, discard, purge); to select rows "
-            f"by why the job died use --failure-reason {value}",
+            f"by why the job died use --failure-reason {printable(value, multiline=False)}",
             ctx=ctx,
             param=param,
         )
@@ -143,7 +151,7 @@ reason_moved = click.option(
 
 
 def _justification(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    text = value.strip()
+    text = str(check_text(ctx, param, value)).strip()
     if not text:
         raise click.BadParameter("give a reason: it is recorded with the change", ctx, param)
     if text in REASONS:
@@ -165,7 +173,7 @@ def justification(help_text: str) -> Callable[[F], F]:
 
 def _actor(ctx: click.Context, param: click.Parameter, value: str | None) -> str:
     if value:
-        return value
+        return str(check_text(ctx, param, value))
     try:
         user = getpass.getuser()
     except Exception:

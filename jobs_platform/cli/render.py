@@ -8,6 +8,12 @@ Tables never break an id, a task name, a fingerprint or a time: those columns ar
 must, so a copied line is whole). Only free text (an error message) gives way, cut with an
 ellipsis on one line. Piped output is not held to 80 columns: nothing there to fit.
 Cells are :class:`~rich.text.Text`, so a task name or message is never read as markup.
+
+Whatever came from a message (task name, queue, error, traceback, raw body) goes through
+:func:`~jobs_platform.cli.text.printable` before it is printed: a control sequence a
+message carried shows as ``\x1b[...`` instead of acting on the operator's terminal, and
+a one-line value cannot break its line (``\x0a``). ``--json`` needs nothing more: JSON
+escapes control characters itself.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from jobs_platform.cli.text import printable
 from jobs_platform.deadletter.store import Outcome
 
 if TYPE_CHECKING:
@@ -134,8 +141,15 @@ def table(
 
 
 def cells(values: Iterable[object], *, cut: bool = True) -> list[Text]:
-    """Row cells as plain Text; with ``cut`` a cell stays on one line (ellipsis)."""
-    return [Text(str(v), no_wrap=cut, overflow="ellipsis" if cut else "fold") for v in values]
+    """Row cells as plain, printable Text; with ``cut`` a cell stays on one line (ellipsis)."""
+    return [
+        Text(
+            printable(str(v), multiline=not cut),
+            no_wrap=cut,
+            overflow="ellipsis" if cut else "fold",
+        )
+        for v in values
+    ]
 
 
 def _width(console: Console, renderable: Table) -> int:
@@ -182,7 +196,7 @@ def dead_letters(console: Console, rows: list[dict[str, Any]], title: str) -> No
 
 
 def stats(console: Console, result: Any, status: str) -> None:
-    console.print(f"{result.total} dead letter(s) with status {status}", highlight=False)
+    console.print(Text(f"{result.total} dead letter(s) with status {status}"))
     by_task = table("By task", ("task", "count"), right=("count",))
     for item in result.by_task:
         by_task.add_row(*cells((item["task_name"] or "?", item["count"])))
@@ -210,7 +224,9 @@ def stats(console: Console, result: Any, status: str) -> None:
 
 def _line(console: Console, key: str, value: str) -> None:
     # soft_wrap: a long task name or body stays one line, whatever the width.
-    console.print(Text.assemble((key, "bold"), ": ", value), soft_wrap=True)
+    line = Text.assemble((printable(key, multiline=False), "bold"), ": ")
+    line.append(printable(value, multiline=False))
+    console.print(line, soft_wrap=True)
 
 
 def show(console: Console, row: dict[str, Any]) -> None:
@@ -239,7 +255,7 @@ def show(console: Console, row: dict[str, Any]) -> None:
     print_table(console, errors)
     if row["traceback"]:
         console.print(Text("traceback", "bold"))
-        click.echo(row["traceback"])
+        click.echo(printable(row["traceback"]))
 
 
 # -- what a bulk operation did ----------------------------------------------------------
@@ -261,7 +277,7 @@ def refusals(outcomes: Iterable[Outcome]) -> None:
     for item in outcomes:
         if not item.done:
             why = item.why or _WHY.get(item.outcome, "")
-            click.echo(f"{item.id}: {item.outcome}: {why}", err=True)
+            click.echo(printable(f"{item.id}: {item.outcome}: {why}", multiline=False), err=True)
 
 
 def replayed(outcomes: Sequence[Outcome], *, dry_run: bool) -> None:

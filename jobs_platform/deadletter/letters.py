@@ -23,6 +23,7 @@ import base64
 import binascii
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
@@ -105,6 +106,21 @@ def final_entry(exc: BaseException, failure: dict[str, Any] | None, attempt: int
     return entry
 
 
+def _as_given(value: Any, kind: type[list[Any]] | type[dict[Any, Any]]) -> Any:
+    """A copy of ``value`` as ``kind`` when it is one (a tuple is a list), else as given.
+
+    Arguments a task died of are not always a list and a mapping: a message from another
+    producer (or an unscreened broker) can carry a string, a number or an object, and the
+    call failed on exactly that. ``list("abc")`` would store something that never was,
+    ``list(5)`` would raise and lose the dead letter: keep what the message held.
+    """
+    if kind is list and isinstance(value, list | tuple):
+        return list(value)
+    if kind is dict and isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
 def _letter(
     task: Any,
     task_id: str | None,
@@ -129,8 +145,8 @@ def _letter(
         queue=str(delivery.get("routing_key") or getattr(task, "queue_class", "") or ""),
         errors=errors,
         failed_at=utcnow(),
-        args=list(args) if args is not None else None,
-        kwargs=dict(kwargs) if kwargs is not None else None,
+        args=_as_given(args, list),
+        kwargs=_as_given(kwargs, dict),
         headers={k: v for k, v in headers.items() if k != history.ERRORS_HEADER},
         priority=delivery.get("priority"),
         exchange=delivery.get("exchange"),

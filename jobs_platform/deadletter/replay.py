@@ -86,6 +86,18 @@ def check_replayable(row: dict[str, Any], *, allow_redacted: bool = False) -> No
         )
     if not row["task_name"]:
         raise ReplayRefused(f"dead letter {row['id']} has no task name")
+    # Letters keep odd arguments as they arrived (a poison envelope's args may be a string
+    # or a dict); Celery would refuse them at publish, which a bulk replay reads as an outage.
+    if not isinstance(row["args"], list | tuple | None):
+        raise ReplayRefused(
+            f"dead letter {row['id']} has args of type {type(row['args']).__name__}, "
+            "not a list: Celery cannot send them"
+        )
+    if not isinstance(row["kwargs"], dict | None):
+        raise ReplayRefused(
+            f"dead letter {row['id']} has kwargs of type {type(row['kwargs']).__name__}, "
+            "not an object: Celery cannot send them"
+        )
     if row["redacted"] and not allow_redacted:
         raise ReplayRefused(
             f"dead letter {row['id']} had secrets redacted: a replay would send '***' "
