@@ -16,7 +16,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from jobs_platform import delayed, flower, health, metrics, rules, schedule
+from jobs_platform import delayed, events, flower, health, metrics, rules, schedule
 from jobs_platform.deadletter import CONSUMER as DEAD_LETTER_CONSUMER
 from jobs_platform.deadletter import install as install_dead_letters
 from jobs_platform.history import qualified_name
@@ -139,9 +139,8 @@ def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
         "task_default_exchange": settings.default_queue,
         "task_default_routing_key": settings.default_queue,
         "task_routes": (router,),
-        # Monitoring (Flower) reads events; pinned rather than enabled remotely by Flower.
-        "worker_send_task_events": settings.task_events,
-        "task_send_sent_event": settings.task_events,
+        # Task events (Flower reads them): in `auto` mode off until a monitor asks for them.
+        **events.celery_config(settings.task_events),
         "task_track_started": True,
         "result_extended": True,
         "result_expires": dt.timedelta(seconds=settings.result_expires),
@@ -176,6 +175,8 @@ def create_app(main: str = "jobs_platform", **overrides: Any) -> JobsCelery:
     metrics.install(app)
     # The canary task every worker runs for `health`.
     health.install(app)
+    # Task events while a monitor listens (JOBS_TASK_EVENTS=auto), or always, or never.
+    events.install(app)
     # `celery -A APP flower`: persistent, authenticated, checked before it binds.
     flower.install(app)
     return app

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from jobs_platform import events
 from jobs_platform.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -46,9 +47,9 @@ PURGE_OFFLINE_WORKERS_S = 24 * 3600
 def flower_options(settings: Settings) -> dict[str, Any]:
     """Flower's options (Flower's own names and units) that the settings decide."""
     options: dict[str, Any] = {
-        # Task events are pinned by JOBS_TASK_EVENTS; Flower would otherwise broadcast
-        # `enable_events` to every worker every 5 s and override that choice.
-        "enable_events": False,
+        # Flower's `enable_events` broadcast (every 5 s) is what switches task events on in
+        # `auto` mode; with JOBS_TASK_EVENTS=off the workers refuse it, so it is not sent.
+        "enable_events": events.flower_enables_events(settings.task_events),
         "tasks_columns": TASKS_COLUMNS,
         "purge_offline_workers": PURGE_OFFLINE_WORKERS_S,
     }
@@ -101,8 +102,12 @@ def check_options(values: Mapping[str, Any], *, unsafe_no_auth: bool) -> str:
         parts.append(_describe_state(str(values.get("db") or ""), save_ms))
     else:
         parts.append("state in memory only (lost at restart)")
-    if not values.get("enable_events"):
-        parts.append("task events as the workers are configured (JOBS_TASK_EVENTS)")
+    if values.get("enable_events"):
+        parts.append("asks the workers for task events every 5 s (enable_events)")
+    else:
+        parts.append(
+            "does not ask the workers for task events (they send them if JOBS_TASK_EVENTS=on)"
+        )
     return "; ".join(parts)
 
 

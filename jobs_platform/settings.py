@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from jobs_platform import rules
+from jobs_platform import events, rules
 from jobs_platform.errors import ConfigError
 from jobs_platform.retry.policy import RetryPolicy
 
@@ -85,12 +85,20 @@ class Settings:
     default_queue: str = _knob(
         "fast", "queue", "Queue for plain (non-Reliable) tasks with no route."
     )
-    task_events: bool = _knob(
-        True,
-        "bool",
-        "Send task events (Flower and other event consumers see every task). "
-        "They cost ~0.5-0.8 ms of worker CPU per task: off, short tasks run faster "
-        "(docs/benchmarks.md), but Flower shows nothing.",
+    task_events: str = _knob(
+        "auto",
+        "auto/on/off",
+        "Task events, from which Flower shows tasks. `auto`: a worker sends them only while "
+        "a monitor asks for them (Flower broadcasts `enable_events` every 5 s) and stops "
+        "`JOBS_TASK_EVENTS_LEASE` s after the last request; `on`: always; `off`: never "
+        "(Flower lists the workers but no task). `true`/`1` mean on, `false`/`0` off. They "
+        "cost ~0.8 ms of worker CPU per task (docs/benchmarks.md).",
+    )
+    task_events_lease: float = _knob(
+        15.0,
+        "s",
+        "In `auto` mode, how long task events stay on after a monitor's last `enable_events`; "
+        "keep it longer than the monitor's interval (Flower: 5 s).",
     )
     result_expires: float = _knob(86400.0, "s", "How long task results are kept.")
     auto_migrate: bool = _knob(
@@ -216,6 +224,10 @@ class Settings:
     )
 
     def __post_init__(self) -> None:
+        # Frozen: the mode is normalised in place (a bool or `0`/`true` -> its mode name).
+        object.__setattr__(self, "task_events", events.parse_mode(self.task_events))
+        if not self.task_events_lease > 0:
+            raise ConfigError(f"task_events_lease must be > 0 s, got {self.task_events_lease!r}")
         rules.check_settings(self)
 
     def default_policy(self) -> RetryPolicy:

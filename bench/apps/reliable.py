@@ -1,4 +1,6 @@
-"""Variants 3 and 4 (and the per-queue memory workers): ``ReliableTask`` on ``create_app``."""
+"""Variants 3 and 4 (and the per-queue memory workers): ``ReliableTask`` on ``create_app``,
+with everything ``create_app`` installs (metrics and health bootsteps, dead letters, delayed
+jobs) and the default ``JOBS_TASK_EVENTS=auto``: the monitoring a user gets by default."""
 
 from __future__ import annotations
 
@@ -10,8 +12,8 @@ from jobs_platform import ReliableTask, create_app
 SLEEP_S = 0.002
 
 
-def make_app(url: str) -> tuple[Any, dict[str, Any]]:
-    app = create_app("bench_reliable", broker_url=url)
+def make_app(url: str, **settings: Any) -> tuple[Any, dict[str, Any]]:
+    app = create_app("bench_reliable", broker_url=url, **settings)
 
     @app.task(base=ReliableTask, name="bench.noop", queue="fast", ignore_result=True)
     def noop(mark: str | None = None) -> None:

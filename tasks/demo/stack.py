@@ -196,6 +196,9 @@ def worker_env(
         "JOBS_DATABASE_URL": database_url,
         "JOBS_APP_DATA": str(demo_dir / "appdata"),
         "JOBS_AUTO_MIGRATE": "0",  # migrated once by the tour, before any worker starts
+        # The tour's event log reads task-sent events, which only "on" sends (the producer
+        # cannot know a monitor listens).
+        "JOBS_TASK_EVENTS": "on",
         "BILLING_GATEWAY_URL": gateway,
         "JOBS_PARTNER_URL": partner,
         "PYTHONPATH": pythonpath,

@@ -2,7 +2,9 @@
 
 Flower is a subprocess started with no flag but its port and address; everything else comes
 from the environment (docs/flower.md). Workers are started with the command line the
-profiles use (heartbeats on, gossip and mingle off). Pages are read in headless Chromium
+profiles use (heartbeats on, gossip and mingle off) and the default JOBS_TASK_EVENTS=auto:
+they send task events only once Flower has asked for them, so a test waits for that
+before it runs a task it wants to see. Pages are read in headless Chromium
 (Debian's package, installed here when missing) driven by Playwright: the workers and tasks
 tables are filled by JavaScript, so only a browser shows what an operator sees.
 """
@@ -22,6 +24,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -331,6 +334,38 @@ def heartbeat_window(flower: FlowerProcess, hostname: str) -> float:
     return float(row["freq"]) * HEARTBEAT_EXPIRE_WINDOW / 100
 
 
+def wait_task_events(*watched: WorkerProcess, timeout_s: float = 30) -> None:
+    """Wait until each worker sends task events: with JOBS_TASK_EVENTS=auto (the default)
+    it starts without them and switches them on at Flower's first ``enable_events``
+    broadcast, about 5 s after Flower starts. A task run before that is not in Flower."""
+    for w in watched:
+        wait_for(
+            partial(_events_on, w),
+            timeout_s=timeout_s,
+            message=partial(_events_on_message, w),
+        )
+
+
+def _events_on(w: WorkerProcess) -> bool:
+    return "task events on" in w.log()
+
+
+def _events_on_message(w: WorkerProcess) -> str:
+    return f"task events on in {w.hostname}:\n{w.log()[-2000:]}"
+
+
+def wait_listening(flower: FlowerProcess, watched: WorkerProcess) -> None:
+    """Flower answers HTTP before its event receiver is connected; a task sent in between
+    would reach it only partly (the events it missed are not replayed). A heartbeat seen
+    in /metrics shows the receiver is listening."""
+    online = f'flower_worker_online{{worker="{watched.hostname}"}} 1.0'
+    wait_for(
+        lambda: online in get(f"{flower.url}/metrics")[1],
+        timeout_s=30,
+        message="Flower receiving the worker's events",
+    )
+
+
 def test_browser_sees_busy_and_idle_workers_online_and_a_finished_task_across_a_restart(
     flower_env: dict[str, str],
     flower_tasks: Any,
@@ -352,7 +387,10 @@ def test_browser_sees_busy_and_idle_workers_online_and_a_finished_task_across_a_
         assert get(f"{flower.url}/healthcheck") == (200, "OK")
         assert get(f"{flower.url}/metrics")[0] == 200
 
-        # A finished task with distinctive arguments, then one that keeps `busy` busy.
+        # A finished task with distinctive arguments, then one that keeps `busy` busy,
+        # once Flower listens and has switched the workers' task events on.
+        wait_listening(flower, busy)
+        wait_task_events(busy)
         done = flower_tasks.invoice.delay(customer, 4200, currency="SEK")
         assert done.get(timeout=30) == f"invoiced {customer} 4200 SEK"
         held = flower_tasks.hold.delay(hold_key)
@@ -413,15 +451,8 @@ def test_flower_keeps_its_state_through_a_crash_when_it_saves_periodically(
     env = {**flower_env, "JOBS_FLOWER_STATE_SAVE_INTERVAL": "1"}
     state_files = lambda: list(tmp_path.glob("flower.db*"))  # noqa: E731 (dbm adds suffixes)
     with worker(env, ["fast"], tmp_path) as busy, FlowerProcess(env, tmp_path) as flower:
-        # Flower answers HTTP before its event receiver is connected; a task sent in between
-        # would reach it only partly (the events it missed are not replayed). A heartbeat
-        # seen in /metrics shows the receiver is listening.
-        online = f'flower_worker_online{{worker="{busy.hostname}"}} 1.0'
-        wait_for(
-            lambda: online in get(f"{flower.url}/metrics")[1],
-            timeout_s=30,
-            message="Flower receiving the worker's events",
-        )
+        wait_listening(flower, busy)
+        wait_task_events(busy)
         done = flower_tasks.invoice.delay("crash-test", 1)
         assert done.get(timeout=30).startswith("invoiced")
         info = f"{flower.url}/api/task/info/{done.id}"
@@ -566,6 +597,7 @@ def test_without_heartbeats_flower_shows_an_idle_live_worker_offline_short_form(
         assert {name for reply in replies for name in reply} == {old.hostname, new.hostname}
         assert online_status(flower)[new.hostname] is True
 
+        wait_task_events(old)  # switched on by Flower although it sends no heartbeats
         assert flower_tasks.invoice.delay("wakes-it", 1).get(timeout=30).startswith("invoiced")
         wait_for(lambda: online_status(flower).get(old.hostname), timeout_s=30)
         # Task events set no freq: it keeps the 5 s of that one heartbeat, so it shows online
@@ -585,6 +617,7 @@ def test_without_heartbeats_an_idle_worker_goes_offline_while_alive_long_form(
 ) -> None:
     # Flower runs first, so it hears of the worker without heartbeats through its task only.
     with old_and_new_workers(flower_env, tmp_path, flower_first=True) as (old, new, flower):
+        wait_task_events(old)
         assert flower_tasks.invoice.delay("last-task", 1).get(timeout=30).startswith("invoiced")
         last_task = time.monotonic()
         wait_for(lambda: online_status(flower).get(old.hostname), timeout_s=30)

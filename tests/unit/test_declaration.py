@@ -114,7 +114,8 @@ def test_pinned_celery_configuration(app: Any) -> None:
     assert conf.task_retry_on_worker_lost
     assert conf.task_create_missing_queues is False
     assert conf.worker_prefetch_multiplier == 1
-    assert conf.worker_send_task_events and conf.task_send_sent_event
+    # JOBS_TASK_EVENTS=auto: off until a monitor asks (jobs_platform.events)
+    assert conf.worker_send_task_events is False and conf.task_send_sent_event is False
     for options in (conf.broker_transport_options, conf.result_backend_transport_options):
         assert options["visibility_timeout"] == 3600
         assert options["unacked_restore_throttle"] == 1

@@ -49,3 +49,49 @@ def test_bad_values_are_refused_clearly(env: dict[str, str], message: str) -> No
 def test_unknown_override_is_refused_with_the_known_names() -> None:
     with pytest.raises(ConfigError, match=r"unknown setting.*visibilty_timeout.*known"):
         Settings.load(environ={}, visibilty_timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("raw", "mode"),
+    [
+        ("auto", "auto"),
+        ("on", "on"),
+        ("off", "off"),
+        (" ON ", "on"),
+        ("true", "on"),
+        ("1", "on"),
+        ("yes", "on"),
+        ("False", "off"),
+        ("0", "off"),
+        ("no", "off"),
+    ],
+)
+def test_task_events_mode_and_its_old_boolean_spellings(raw: str, mode: str) -> None:
+    assert Settings.load(environ={"JOBS_TASK_EVENTS": raw}).task_events == mode
+
+
+def test_task_events_default_is_auto_and_bool_overrides_still_work() -> None:
+    assert Settings.load(environ={}).task_events == "auto"
+    assert Settings.load(environ={}, task_events=False).task_events == "off"
+    assert Settings.load(environ={}, task_events=True).task_events == "on"
+    # The override wins over the environment, as for every setting.
+    assert Settings.load(environ={"JOBS_TASK_EVENTS": "on"}, task_events="auto").task_events == (
+        "auto"
+    )
+
+
+@pytest.mark.parametrize("raw", ["maybe", "", "2", "enabled"])
+def test_task_events_refuses_anything_else_at_load(raw: str) -> None:
+    with pytest.raises(ConfigError, match=r"JOBS_TASK_EVENTS=.* is not a task-events mode"):
+        Settings.load(environ={"JOBS_TASK_EVENTS": raw})
+
+
+def test_task_events_refuses_a_non_string_override() -> None:
+    with pytest.raises(ConfigError, match="use auto"):
+        Settings.load(environ={}, task_events=2)
+
+
+@pytest.mark.parametrize("raw", ["0", "-5", "nan"])
+def test_task_events_lease_must_be_positive(raw: str) -> None:
+    with pytest.raises(ConfigError, match="task_events_lease must be > 0"):
+        Settings.load(environ={"JOBS_TASK_EVENTS_LEASE": raw})
