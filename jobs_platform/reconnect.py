@@ -11,12 +11,24 @@ error", and the worker exits after every broker restart that finds it holding a 
 :class:`QoS` skips that restore when the connection is already detached. Nothing is lost:
 the messages are still in the broker's ``unacked`` hash, where any worker's sweep puts
 them back on their queues once the visibility timeout has passed (at least once, later).
+
+The same detached channel is where a job fetched before the outage is acknowledged when it
+finishes after it: kombu fails the same way there (``'NoneType' object has no attribute
+'client'``), out of Celery's ``ack_log_error``, and the worker exits. The acknowledgement
+goes through a client built from the connection parameters the channel had while it was
+live; if the broker is still down, that is a connection error, which Celery logs and
+survives (the message then waits in ``unacked`` like the others). A message given back
+(rejected to be requeued) on such a channel stays in ``unacked`` too.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+
+import redis
 
 from jobs_platform.fetch import KillSafeQoS
 
@@ -27,8 +39,42 @@ class QoS(KillSafeQoS):
     """The kill-safe QoS (:mod:`jobs_platform.fetch`) whose restore at close gives way
     when the connection is gone."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Read while the channel is live (kombu creates its QoS on first use, connected).
+        self._jobs_connparams: dict[str, Any] = dict(self.channel._connparams())
+        self._jobs_pool: redis.ConnectionPool | None = None
+
+    def _detached(self) -> bool:
+        return getattr(self.channel.connection, "client", None) is None
+
+    def _live_client(self, client: Any) -> Any:
+        """``client``, or one of this QoS's own when the channel's connection is detached."""
+        if client is not None or not self._detached():
+            return client
+        if self._jobs_pool is None:
+            self._jobs_pool = redis.ConnectionPool(**self._jobs_connparams)
+        return redis.Redis(connection_pool=self._jobs_pool)
+
+    @contextmanager
+    def pipe_or_acquire(self, pipe: Any = None, client: Any = None) -> Iterator[Any]:
+        with super().pipe_or_acquire(pipe, self._live_client(client)) as acquired:
+            yield acquired
+
+    def restore_by_tag(self, tag: Any, client: Any = None, leftmost: bool = False) -> Any:
+        if client is None and self._detached():
+            # A restore needs the channel's exchange table, gone with its connection (kombu
+            # would drop the unacked entry and push nothing): the sweep restores it later.
+            logger.warning(
+                "jobs.broker.unacked_kept: a message given back after the connection died "
+                "stays in the unacked hash for the visibility-timeout sweep",
+                extra={"event": "jobs.broker.unacked_kept", "messages": 1},
+            )
+            return None
+        return super().restore_by_tag(tag, client=client, leftmost=leftmost)
+
     def restore_unacked(self, client: Any = None) -> Any:
-        if client is None and getattr(self.channel.connection, "client", None) is None:
+        if client is None and self._detached():
             held = len(self._delivered)
             if held:
                 logger.warning(

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
+import signal
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -46,6 +48,9 @@ DEFAULT_REQUEST = "celery.worker.request:Request"
 
 _local = threading.local()
 
+#: True in a prefork pool process (set by ``worker_process_init``, which only they send).
+_pool_process = False
+
 
 @contextmanager
 def finishing(request: Any) -> Iterator[None]:
@@ -65,10 +70,11 @@ def _current_request() -> Any:
 def capture(
     app: Any, build: Callable[..., DeadLetter], *build_args: Any, main_process: bool = False
 ) -> None:
-    """Build a dead letter and hand it to the sink; never raises.
+    """Build a dead letter and hand it to the sink; raises nothing but a SIGTERM's exit.
 
     In the worker's main process (``main_process``, or while it finishes a request) the
-    database write is handed to the drainer thread, woken at once.
+    database write is handed to the drainer thread, woken at once. In a pool process a
+    SIGTERM takes effect only once the letter is stored (:func:`terminate_after`).
     """
     try:
         # SQLAlchemy (through the sink): on failure only.
@@ -76,13 +82,45 @@ def capture(
         from jobs_platform.deadletter.sink import sink_for
 
         in_main = main_process or _current_request() is not None
-        sink_for(app).capture(build(*build_args), handoff=wake if in_main else None)
+        letter = build(*build_args)
+        with terminate_after(not in_main):
+            sink_for(app).capture(letter, handoff=wake if in_main else None)
     except Exception:
         WRITE_FAILURES.labels("receiver").inc()
         logger.exception(
             "jobs.dlq.receiver_failed: a dead letter could not be captured",
             extra={"event": "jobs.dlq.receiver_failed"},
         )
+
+
+@contextmanager
+def terminate_after(enabled: bool = True) -> Iterator[None]:
+    """In a prefork pool process, hold a SIGTERM that arrives inside the block and deliver
+    it again at its end.
+
+    Celery stops a pool process with SIGTERM (a cancel when the broker connection is lost,
+    ``revoke(terminate=True)``, a hard time limit before its SIGKILL), and billiard turns it
+    into ``SystemExit`` wherever the process is. Inside the dead letter's database write the
+    interrupted transaction's rollback can fail and replace it with a database error: the
+    letter was dropped (``jobs.dlq.lost``) and the process lived on to report the failure,
+    whose message was then acknowledged. Held, the signal stops the process once the letter
+    is stored (the message, not acknowledged, is delivered again: at least once).
+    """
+    if not (enabled and _pool_process) or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGTERM)
+    if previous is None:  # installed outside Python: it could not be put back
+        yield
+        return
+    held: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: held.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if held:
+            os.kill(os.getpid(), signal.SIGTERM)  # its own handler now (billiard: SystemExit)
 
 
 # -- signal receivers -----------------------------------------------------------------------
@@ -128,6 +166,8 @@ def on_task_revoked(
 
 def on_worker_process_init(**_: Any) -> None:
     """A new pool process: drop what it inherited (engines, clients), load the capture path."""
+    global _pool_process
+    _pool_process = True
     process_local.forget_inherited()
     # Now, not on the child's first failing task.
     importlib.import_module("jobs_platform.deadletter.drainer")
@@ -162,6 +202,58 @@ class DeadLetterRequest(Request):  # type: ignore[misc]
     def _announce_revoked(self, reason: str, terminated: bool, signum: Any, expired: bool) -> Any:
         with finishing(self):
             return super()._announce_revoked(reason, terminated, signum, expired)
+
+    # -- cancelled on a broker connection loss: redelivered, never acknowledged ------------
+    #
+    # Celery cancels the running acks-late jobs when the broker connection drops
+    # (worker_cancel_long_running_tasks_on_connection_loss), and the message must then come
+    # back. Two of its paths acknowledged it instead, losing the job with no dead letter:
+    # - prefork: the cancel writes a RETRY state to the result backend before it marks the
+    #   request cancelled; with the backend down too (often the same Redis) the write
+    #   raises, and the child's death is then taken for a revoke, which acknowledges;
+    # - gevent/eventlet: the killed greenlet returns Celery's "killed" result, (False, None,
+    #   None), which the request takes for a success and acknowledges.
+
+    _jobs_killed_green = False
+
+    def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> Any:
+        # Marked before anything can fail, and also when the job has not started yet (its
+        # termination then comes from the pool's outbound queue, with no announcement).
+        self._already_cancelled = True
+        if self.time_start and getattr(pool, "is_green", False):
+            self._jobs_killed_green = True
+        return super().cancel(pool, signal, emit_retry=emit_retry)
+
+    def _announce_cancelled(self, emit_retry: bool = True) -> Any:
+        self._already_cancelled = True
+        try:
+            return super()._announce_cancelled(emit_retry=emit_retry)
+        except Exception as exc:
+            # Only the announcement is lost (a RETRY state, task_retry): the message stays
+            # unacknowledged and the broker delivers it again.
+            logger.warning(
+                "%s[%s]: cancelled after the broker connection was lost; the retry could "
+                "not be announced (%r); the message stays unacknowledged for redelivery",
+                self.task_name,
+                self.id,
+                exc,
+                extra={"event": "jobs.broker.cancel_unannounced", "task_id": self.id},
+            )
+            return None
+
+    def acknowledge(self) -> None:
+        if self._jobs_killed_green and not self.acknowledged:
+            # The "success" of a greenlet killed by the cancel (a job that finished in the
+            # instant before the kill runs again: at least once).
+            logger.warning(
+                "%s[%s]: killed when the broker connection was lost; the message stays "
+                "unacknowledged for redelivery",
+                self.task_name,
+                self.id,
+                extra={"event": "jobs.broker.cancel_kept", "task_id": self.id},
+            )
+            return
+        super().acknowledge()
 
 
 def _type_name(exc: BaseException | None, default: str) -> str:

@@ -187,9 +187,11 @@ class DeadLetterSink:
             else:
                 logger.critical(
                     "jobs.dlq.lost: neither the spool nor the database took the dead letter "
-                    "for %s[%s]; its content follows so it can be restored by hand: %s",
+                    "for %s[%s] (database: %r); its content follows so it can be restored "
+                    "by hand: %s",
                     letter.task_name,
                     letter.task_id,
+                    exc,
                     text,
                     extra={"event": "jobs.dlq.lost"},
                 )
