@@ -138,6 +138,9 @@ def run_tour(options: Options, broker_url: str, console: Console) -> int:
     # Read by the app's code at call time in this process (billing, paths).
     os.environ["JOBS_DATABASE_URL"] = database_url
     os.environ["JOBS_APP_DATA"] = str(demo_dir / "appdata")
+    # The tour's event log starts from task-sent events, which a producer sends only with
+    # JOBS_TASK_EVENTS=on (it cannot know a monitor listens); its processes get "on" too.
+    app.conf.task_send_sent_event = True
     began = time.time()
     console.print(f"database: [bold]{masked(database_url)}[/]; files under [bold]{demo_dir}[/]")
     db.upgrade(database_url)  # once, before the workers (they would race on SQLite)

@@ -162,12 +162,17 @@ def test_a_worker_killed_again_and_again_under_load_loses_no_job(
     for round_ in range(rounds):
         proc = worker(env, tmp_path, f"round{round_}").start()
         target = min(len(ran(raw, key)) + rng.randint(5, 40), jobs)
-        wait_for(
-            lambda target=target: len(ran(raw, key)) >= target,  # type: ignore[misc]
-            timeout_s=30,
-            message="some progress",
-        )
-        proc.kill()  # main process and pool children: SIGKILL, no goodbye
+        try:
+            wait_for(
+                lambda target=target: len(ran(raw, key)) >= target,  # type: ignore[misc]
+                timeout_s=60,
+                message=lambda proc=proc, target=target, round_=round_: (  # type: ignore[misc]
+                    f"{target} jobs run in round {round_} (ran {len(ran(raw, key))}); "
+                    f"worker log tail:\n{proc.log()[-3000:]}"
+                ),
+            )
+        finally:
+            proc.kill()  # main process and pool children: SIGKILL, no goodbye
         kills += 1
 
     # Jobs the killed workers held come back after the visibility timeout (10 s).
