@@ -58,6 +58,18 @@ def forget_inherited() -> None:
                 release(obj)
 
 
+def _reinit_lock_in_child() -> None:
+    # Another thread of the parent (the delayed releaser, the dead-letter drainer) may have
+    # been inside per_process() when the pool forked: that thread does not exist here, so
+    # the inherited lock would stay held for ever and forget_inherited() would hang the
+    # child in worker_process_init. Its half-built object is not in _objects (assigned last).
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_reinit_lock_in_child)
+
+
 def redis_client(url: str) -> redis.Redis:
     """This process's client for the Redis at ``url``, with bounded socket timeouts."""
     return per_process(

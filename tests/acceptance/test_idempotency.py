@@ -78,10 +78,38 @@ def two_workers(
 ) -> Iterator[tuple[WorkerProcess, ...]]:
     tmp = tmp_path_factory.mktemp("billing-workers")
     with workers(billing_worker(billing_env, tmp, "a"), billing_worker(billing_env, tmp, "b")) as w:
+        wait_pools_ready(bapp, billing_env["JOBS_BROKER_URL"], w)
         yield w
 
 
 # -- helpers ------------------------------------------------------------------------------------
+
+
+def log_tails(procs: tuple[WorkerProcess, ...], chars: int = 1500) -> str:
+    return "\n".join(f"--- {p.hostname}:\n{p.log()[-chars:]}" for p in procs)
+
+
+def wait_pools_ready(bapp: Any, url: str, procs: tuple[WorkerProcess, ...]) -> None:
+    """Wait until every worker's pool process has finished its start-up, not only its main
+    process: a worker whose pool process hangs there takes one job and never runs it, and
+    every race below would then be lost to the other worker (billing_app's module doc)."""
+    client = redis.Redis.from_url(url)
+    try:
+
+        def not_ready() -> list[str]:
+            return [
+                p.hostname
+                for p in procs
+                if not client.exists(bapp.POOL_READY_KEY.format(hostname=p.hostname))
+            ]
+
+        wait_for(
+            lambda: not not_ready(),
+            timeout_s=60,
+            message=lambda: f"the pool process of {not_ready()} to start\n{log_tails(procs)}",
+        )
+    finally:
+        client.close()
 
 
 def new_invoice(pg_url: str, **values: Any) -> int:
@@ -129,10 +157,11 @@ def race_at_the_barrier(
         timeout_s=30,
         message=lambda: (
             f"two deliveries at the barrier (so far: {redis_client.lrange(arrived_key, 0, -1)})"
+            f"\n{log_tails(workers)}"
         ),
     )
     # Asserted, not assumed: each worker runs one slot, so a real race needs both.
-    assert sorted(arrived) == sorted(w.hostname for w in workers)
+    assert sorted(arrived) == sorted(w.hostname for w in workers), log_tails(workers)
     redis_client.set(f"jptest:barrier:{invoice_id}:go", 1)
 
 

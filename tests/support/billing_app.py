@@ -17,6 +17,11 @@ test never leaves a task stuck). A test steers a delivery through Redis keys (it
   after the gateway charged (once), so the job ends in the dead-letter table;
 * ``jptest:kill-child-after-charge:<invoice>`` present: the pool child SIGKILLs itself
   right after the gateway charged (once); Celery retries the job as a lost worker.
+
+Every pool process sets ``jptest:pool-ready:<hostname>`` once its start-up
+(``worker_process_init``, the platform's receivers first) has returned: "ready." in a log
+only says the main process consumes, and a worker whose pool process hangs in its start-up
+takes one job and never runs it.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import time
 from typing import Any
 
 import redis
-from celery import current_task
+from celery import current_task, signals
 
 from jobs_platform import PermanentError, ReliableTask, create_app
 from tasks import billing
@@ -52,6 +57,17 @@ app = create_app(
     dlq_drain_interval=0.5,
 )
 _redis = redis.Redis.from_url(app.conf.broker_url, socket_timeout=10, socket_connect_timeout=10)
+
+#: Set by each pool process of worker ``hostname`` when its start-up is over (module doc).
+POOL_READY_KEY = "jptest:pool-ready:{hostname}"
+
+
+def _pool_ready(sender: Any = None, **_: Any) -> None:
+    # Connected after create_app() connected the platform's receivers, so it runs after them.
+    _redis.set(POOL_READY_KEY.format(hostname=sender), os.getpid())
+
+
+signals.worker_process_init.connect(_pool_ready, weak=False, dispatch_uid="jptest.pool_ready")
 
 
 def _wait_for_signal(key: str) -> bool:
