@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from jobs_platform.app import create_app
+from jobs_platform.bulk import BulkDispatchError
 from jobs_platform.errors import (
     ConfigError,
     DispatchError,
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from jobs_platform.idempotency import IdempotencyKeys, Transition, claim_columns, transition
 
 __all__ = [
+    "BulkDispatchError",
     "ConfigError",
     "DispatchError",
     "IdempotencyKeys",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 import celery
@@ -33,7 +34,7 @@ from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
 from jobs_platform.ratelimit import DEFERRED, limiter_for
-from jobs_platform.retry import classify
+from jobs_platform.retry import classify, published
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
 from jobs_platform.spec import OPTIONS, GiveUp, RetryIn, TaskSpec, resolve
@@ -224,6 +225,26 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 f"{_root_message(exc)}"
             ) from exc
 
+    def delay_many(self, calls: Iterable[Any]) -> list[Any]:
+        """``[self.delay(*c) for c in calls]`` (a dict ``c`` is keyword arguments), checked
+        first and published through one connection in pipelined chunks (jobs_platform.bulk).
+
+        Every call is checked before anything is sent; a refused one raises
+        :class:`~jobs_platform.bulk.BulkDispatchError` with its index. Returns the
+        AsyncResults in order (a ``unique_for`` duplicate gets the queued job's).
+        """
+        from jobs_platform import bulk
+
+        return bulk.delay_many(self, calls)
+
+    def apply_async_many(self, calls: Iterable[Any], **options: Any) -> list[Any]:
+        """``[self.apply_async(args, kwargs, **options) for args, kwargs in calls]``, like
+        :meth:`delay_many`. A call may also be a signature of this task (``self.s(...)``,
+        ``.set(countdown=...)``): its own options win over ``options``."""
+        from jobs_platform import bulk
+
+        return bulk.apply_async_many(self, calls, options)
+
     # -- execution: decide (spec), then record a give-up or publish a retry ---------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -240,9 +261,10 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             step = self.spec.decide(exc, attempt)
             if isinstance(step, RetryIn):
                 self._pause_on_too_many_requests(exc)
-                self._publish_retry(exc, attempt, step)  # raises Retry
-            else:
-                self._give_up(exc, attempt, step)
+                # Ends this attempt without frame copies (jobs_platform.retry.published);
+                # `from None`: the error travels in the history, not chained to the Retry.
+                raise self._publish_retry(exc, attempt, step) from None
+            self._give_up(exc, attempt, step)
             raise
 
     def _take_rate_slot(self) -> None:
@@ -298,27 +320,41 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             extra={"event": f"jobs.task.{step.outcome}", "task_name": self.name},
         )
 
-    def _publish_retry(self, exc: Exception, attempt: int, step: RetryIn) -> None:
+    def _publish_retry(
+        self, exc: Exception, attempt: int, step: RetryIn
+    ) -> published.PublishedRetry:
+        """Publish the next attempt and return the Retry that ends this one.
+
+        What ``Task.retry`` does once ``spec.decide`` has allowed the retry: the same
+        message options (task id, parent/root ids, links, time limits, ``retries + 1``), the
+        queue it came from, its priority, the attempt history in its headers. The Retry is
+        raised by the caller, outside any helper frame (see ``__call__``).
+        """
         request = self.request
         headers = history.with_error(request.headers, history.describe(exc, attempt))
-        # Explicit although Celery 5.7 copies it: autoretries have lost it before (#5654).
-        priority = (request.delivery_info or {}).get("priority")
-        try:
-            raise self.retry(
-                exc=exc,
-                countdown=step.delay_s,
-                queue=self._queue_of(request),
-                priority=priority,
-                headers=headers,
-            )
-        except Reject as publish_failed:
-            # Celery rejects *without* requeue when the retry cannot be published. If the
-            # broker was unreachable, requeue the message (it comes back when the broker does)
-            # instead of dropping it; any other publish error would fail the same way again,
-            # so it stays a rejection, which the dead-letter table records.
-            if _caused_by_connection_error(publish_failed.reason):
-                raise Reject(publish_failed.reason, requeue=True) from exc
-            raise
+        signature = self.signature_from_request(
+            request,
+            countdown=step.delay_s,
+            retries=request.retries + 1,
+            queue=self._queue_of(request),
+            # Explicit although Celery 5.7 copies it: autoretries have lost it before (#5654).
+            priority=(request.delivery_info or {}).get("priority"),
+            headers=headers,
+        )
+        if not request.is_eager:  # task.apply() re-runs the signature itself
+            try:
+                signature.apply_async()
+            except Exception as publish_failed:
+                # Not published. If the broker was unreachable, requeue the message (it comes
+                # back when the broker does) instead of dropping it; any other publish error
+                # would fail the same way again, so it is a rejection without requeue (as in
+                # Celery's retry), which the dead-letter table records.
+                requeue = _caused_by_connection_error(publish_failed)
+                raise Reject(publish_failed, requeue=requeue) from exc
+        published.install()  # the frames-free end of this attempt (see its module)
+        return published.PublishedRetry(
+            exc=exc, when=step.delay_s, is_eager=request.is_eager, sig=signature
+        )
 
     def _queue_of(self, request: Any) -> str:
         """The queue this delivery came from, so retries never drift to the default queue."""
