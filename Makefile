@@ -41,6 +41,8 @@ bench: install services
 	$(BIN)/python -m bench.costs
 	$(BIN)/python -m bench.io_profile
 	$(BIN)/python -m bench.memory
+	$(BIN)/python -m bench.dispatch
+	$(BIN)/python -m bench.retries
 
 # The long soak (20,000 jobs under kills, a Redis restart and a database cut; ~10 min).
 # Its short form (2,000 jobs) runs in `make test` (tests/acceptance/test_chaos.py).
