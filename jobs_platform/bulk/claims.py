@@ -1,9 +1,9 @@
 """Unique dispatch for a bulk: every lock taken in one round trip, freed in one.
 
 The same atomic script per job as :func:`jobs_platform.idempotency.unique.dispatch_once`
-(``SET NX PX``, else read the holder), run in one pipeline: Redis runs them in order, so
-two calls of one logical job in the same bulk behave as two ``.delay()`` calls in a row
-(the second gets the first one's id).
+(``SET NX PX``, else read the holder), run in one pipeline (``UniqueLocks.acquire_many``):
+Redis runs them in order, so two calls of one logical job in the same bulk behave as two
+``.delay()`` calls in a row (the second gets the first one's id).
 """
 
 from __future__ import annotations
@@ -23,17 +23,11 @@ def claim(task: Any, calls: list[Call]) -> dict[int, str]:
     locked = [call for call in calls if call.identity is not None]
     if not locked:
         return {}
-    locks = unique.locks_for(task.app.conf.broker_url)
-    ttl_ms = max(1, int(task.spec.unique_for_s * 1000))
-    pipe = locks.client.pipeline(transaction=False)
-    for call in locked:
-        # UniqueLocks.acquire's own script object, queued instead of run.
-        locks._acquire(
-            keys=[unique.LOCK_PREFIX + str(call.identity)], args=[call.task_id, ttl_ms], client=pipe
-        )
+    holders = unique.locks_for(task.app.conf.broker_url).acquire_many(
+        [(str(call.identity), call.task_id) for call in locked], task.spec.unique_for_s
+    )
     held: dict[int, str] = {}
-    for call, (holder, _acquired) in zip(locked, pipe.execute(), strict=True):
-        text = holder.decode() if isinstance(holder, bytes) else str(holder)
+    for call, text in zip(locked, holders, strict=True):
         if text != call.task_id:
             held[call.index] = text
             events.skipped(
@@ -54,13 +48,9 @@ def release(task: Any, calls: list[Call]) -> None:
     if not locked:
         return
     try:
-        locks = unique.locks_for(task.app.conf.broker_url)
-        pipe = locks.client.pipeline(transaction=False)
-        for call in locked:
-            locks._release(
-                keys=[unique.LOCK_PREFIX + str(call.identity)], args=[call.task_id], client=pipe
-            )
-        pipe.execute()
+        unique.locks_for(task.app.conf.broker_url).release_many(
+            [(str(call.identity), call.task_id) for call in locked]
+        )
     except Exception:
         logger.warning(
             "%s: could not free %d unique-dispatch locks; they expire after unique_for",

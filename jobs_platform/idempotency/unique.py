@@ -102,6 +102,23 @@ class UniqueLocks:
     def release(self, identity: str, task_id: str) -> bool:
         return bool(self._release(keys=[LOCK_PREFIX + identity], args=[task_id]))
 
+    def acquire_many(self, claims: Sequence[tuple[str, str]], ttl_s: float) -> list[str]:
+        """:meth:`acquire` for each ``(identity, task_id)``, in order, in one round trip;
+        the holder after each (Redis runs the scripts in order: a repeated identity gets
+        the first claimant's id)."""
+        pipe = self.client.pipeline(transaction=False)
+        ttl_ms = max(1, int(ttl_s * 1000))
+        for identity, task_id in claims:
+            self._acquire(keys=[LOCK_PREFIX + identity], args=[task_id, ttl_ms], client=pipe)
+        return [_text(holder) for holder, _acquired in pipe.execute()]
+
+    def release_many(self, claims: Sequence[tuple[str, str]]) -> None:
+        """:meth:`release` for each ``(identity, task_id)`` in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for identity, task_id in claims:
+            self._release(keys=[LOCK_PREFIX + identity], args=[task_id], client=pipe)
+        pipe.execute()
+
     def holder(self, identity: str) -> str | None:
         value = self.client.get(LOCK_PREFIX + identity)
         return None if value is None else _text(value)
