@@ -74,6 +74,11 @@ out = {}
 out["greet"] = greet.delay("ada").get(timeout=30)
 out["charge"] = charge.delay(7).get(timeout=30)
 out["dead"] = reject.delay(41).id
+out["many"] = [r.get(timeout=30) for r in greet.delay_many([("bo",), {"name": "cy"}])]
+try:
+    greet.delay_many([("ok",), ("too", "many")])
+except DispatchError as exc:
+    out["bad_bulk"] = [exc.index, str(exc)]
 try:
     charge.delay(1, "t", 3)
 except TypeError as exc:
@@ -242,6 +247,10 @@ def test_quick_start_end_to_end_from_the_teams_package(
         assert out["charge"] == 7
         assert "myproj.charge: " in out["bad_args"]
         assert "unknown queue 'nope'" in out["bad_queue"]
+        # Bulk dispatch from the team's package: same results as .delay(); one bad call
+        # refuses the whole bulk before anything is sent, naming its index.
+        assert out["many"] == ["hello bo", "hello cy"]
+        assert out["bad_bulk"][0] == 1 and "call 1 of 2 refused" in out["bad_bulk"][1]
 
         def dead_row() -> dict[str, object] | None:
             listed = run(user_python, [*celery, "dlq", "list", "--json"], project, env)
