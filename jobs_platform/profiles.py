@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from jobs_platform.rules import check_queue
+from jobs_platform.routing import check_queue
 
 
 def available_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:

@@ -15,7 +15,18 @@ import fnmatch
 from collections.abc import Mapping
 from typing import Any
 
+from jobs_platform.errors import ConfigError
+
 QUEUE_NAMES: tuple[str, ...] = ("fast", "heavy", "thirdparty")
+
+
+def check_queue(queue: object, *, what: str) -> str:
+    """``queue`` if it is one of :data:`QUEUE_NAMES`; else ConfigError naming ``what``."""
+    if queue not in QUEUE_NAMES:
+        raise ConfigError(
+            f"{what}: unknown queue {queue!r}; the known queues are {', '.join(QUEUE_NAMES)}"
+        )
+    return str(queue)
 
 
 class Router:
@@ -29,8 +40,6 @@ class Router:
         self.declared: dict[str, str] = {}
 
     def declare(self, task_name: str, queue: str) -> None:
-        from jobs_platform.rules import check_queue  # rules names the queues defined here
-
         self.declared[task_name] = check_queue(queue, what=f"task {task_name!r}")
 
     def queue_for(self, task_name: str) -> str | None:

@@ -26,14 +26,12 @@ import inspect
 import math
 import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from jobs_platform.env import env_name
 from jobs_platform.errors import ConfigError, DispatchError
-from jobs_platform.routing import QUEUE_NAMES
+from jobs_platform.routing import QUEUE_NAMES, check_queue
 from jobs_platform.urls import BROKER_SCHEMES, IN_PROCESS_SCHEME, masked
-
-if TYPE_CHECKING:
-    from jobs_platform.settings import Settings
 
 #: A ceiling on ``max_retries``: unbounded retries are how "a bug that retries forever" happens.
 MAX_RETRIES_CEILING = 1000
@@ -50,14 +48,6 @@ LIMIT_ENFORCING_POOLS = frozenset({"prefork", "gevent"})
 
 
 # -- shared ------------------------------------------------------------------------------------
-
-
-def check_queue(queue: object, *, what: str) -> str:
-    if queue not in QUEUE_NAMES:
-        raise ConfigError(
-            f"{what}: unknown queue {queue!r}; the known queues are {', '.join(QUEUE_NAMES)}"
-        )
-    return str(queue)
 
 
 def check_positive(value: float, *, what: str) -> None:
@@ -147,15 +137,14 @@ def check_retry_policy(max_retries: Any, backoff_s: Any, backoff_max_s: Any) -> 
         raise ConfigError(f"backoff_max_s ({backoff_max_s}) must be >= backoff_s ({backoff_s})")
 
 
-def check_settings(settings: Settings) -> None:
-    """Every rule the settings table must satisfy (``Settings.__post_init__`` calls this)."""
-    from jobs_platform.settings import env_name
-
-    check_broker_url(settings.broker_url, setting=env_name("broker_url"))
-    if settings.result_backend.split("://", 1)[0] in BROKER_SCHEMES:
-        check_broker_url(settings.result_backend, setting=env_name("result_backend"))
+def check_settings(values: Mapping[str, Any]) -> None:
+    """Every rule the settings table must satisfy, given its values by setting name
+    (``Settings.__post_init__`` calls this; the table is data to the rules)."""
+    check_broker_url(values["broker_url"], setting=env_name("broker_url"))
+    if values["result_backend"].split("://", 1)[0] in BROKER_SCHEMES:
+        check_broker_url(values["result_backend"], setting=env_name("result_backend"))
     check_visibility(
-        visibility_timeout_s=settings.visibility_timeout, margin_s=settings.visibility_margin
+        visibility_timeout_s=values["visibility_timeout"], margin_s=values["visibility_margin"]
     )
     for name in (
         "dispatch_timeout",
@@ -171,33 +160,33 @@ def check_settings(settings: Settings) -> None:
         "beat_queue_wait",
         "metrics_flush_interval",
     ):
-        check_positive(getattr(settings, name), what=name)
-    if settings.dlq_write_attempts < 1:
+        check_positive(values[name], what=name)
+    if values["dlq_write_attempts"] < 1:
         raise ConfigError("dlq_write_attempts must be >= 1")
-    check_positive_int(settings.max_payload_bytes, what="max_payload_bytes", unit="bytes")
-    if settings.beat_loop_interval > settings.beat_lock_timeout / 3:
+    check_positive_int(values["max_payload_bytes"], what="max_payload_bytes", unit="bytes")
+    if values["beat_loop_interval"] > values["beat_lock_timeout"] / 3:
         # The leader extends its lock once per tick; a slower tick lets the lock lapse and a
         # standby take over while the leader still sends: a slot could go out twice.
         raise ConfigError(
-            f"beat_loop_interval {settings.beat_loop_interval:g} s must be at most a third of "
-            f"beat_lock_timeout {settings.beat_lock_timeout:g} s"
+            f"beat_loop_interval {values['beat_loop_interval']:g} s must be at most a third of "
+            f"beat_lock_timeout {values['beat_lock_timeout']:g} s"
         )
-    days = settings.dlq_retention_days
+    days = values["dlq_retention_days"]
     if isinstance(days, bool) or not days > 0:
         raise ConfigError(f"dlq_retention_days must be > 0 days, got {days!r}")
-    if settings.flower_state_save_interval < 0:
+    if values["flower_state_save_interval"] < 0:
         raise ConfigError("flower_state_save_interval must be >= 0 (0: save only at shutdown)")
-    if not settings.delayed_key_prefix:
+    if not values["delayed_key_prefix"]:
         raise ConfigError("delayed_key_prefix must not be empty")
-    check_queue_objectives(settings.queue_objectives)
-    check_queue(settings.default_queue, what="default_queue")
-    for pattern, queue in settings.routes.items():
+    check_queue_objectives(values["queue_objectives"])
+    check_queue(values["default_queue"], what="default_queue")
+    for pattern, queue in values["routes"].items():
         check_queue(queue, what=f"routes[{pattern!r}]")
-    check_retry_policy(settings.max_retries, settings.retry_backoff, settings.retry_backoff_max)
-    if settings.retry_backoff_max > settings.max_delay:
+    check_retry_policy(values["max_retries"], values["retry_backoff"], values["retry_backoff_max"])
+    if values["retry_backoff_max"] > values["max_delay"]:
         raise ConfigError(
-            f"retry_backoff_max {settings.retry_backoff_max:g} s is longer than max_delay "
-            f"{settings.max_delay:g} s (JOBS_MAX_DELAY)"
+            f"retry_backoff_max {values['retry_backoff_max']:g} s is longer than max_delay "
+            f"{values['max_delay']:g} s (JOBS_MAX_DELAY)"
         )
 
 

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from jobs_platform import events, rules
+from jobs_platform.env import env_name
 from jobs_platform.errors import ConfigError
 from jobs_platform.retry.policy import RetryPolicy
 
-ENV_PREFIX = "JOBS_"
 logger = logging.getLogger("jobs_platform.settings")
 
 
@@ -228,7 +228,7 @@ class Settings:
         object.__setattr__(self, "task_events", events.parse_mode(self.task_events))
         if not self.task_events_lease > 0:
             raise ConfigError(f"task_events_lease must be > 0 s, got {self.task_events_lease!r}")
-        rules.check_settings(self)
+        rules.check_settings(vars(self))
 
     def default_policy(self) -> RetryPolicy:
         return RetryPolicy(
@@ -258,10 +258,6 @@ class Settings:
             elif env_name(name) in environ:
                 values[name] = _parse(field, environ[env_name(name)])
         return cls(**values)
-
-
-def env_name(name: str) -> str:
-    return ENV_PREFIX + name.upper()
 
 
 def _warn_near_misses(environ: Mapping[str, str], known: Mapping[str, object]) -> None:

@@ -21,7 +21,7 @@ from jobs_platform.ratelimit import Rate, parse_rate
 from jobs_platform.retry import classify
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
-from jobs_platform.routing import QUEUE_NAMES
+from jobs_platform.routing import QUEUE_NAMES, check_queue
 
 if TYPE_CHECKING:
     from jobs_platform.settings import Settings
@@ -153,7 +153,7 @@ def resolve(
             f"task {name!r} has no queue: pass queue=... (one of {', '.join(QUEUE_NAMES)}) "
             "or add a route for it (JOBS_ROUTES)"
         )
-    queue = rules.check_queue(queue, what=f"task {name!r}")
+    queue = check_queue(queue, what=f"task {name!r}")
     profile = PROFILES[queue]
     hard = option("time_limit")
     hard = profile.time_limit_s if hard is None else hard

@@ -16,7 +16,6 @@ When the task is declared they are resolved into its :class:`~jobs_platform.spec
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -24,13 +23,10 @@ from typing import Any, ClassVar
 import celery
 from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
-from kombu.exceptions import EncodeError, OperationalError
-from kombu.utils.json import dumps as kombu_dumps
+from kombu.exceptions import EncodeError
 
-from jobs_platform import history, rules
-from jobs_platform.clock import as_utc, utc_iso, utcnow
-from jobs_platform.deadletter.envelope import payload_size
-from jobs_platform.errors import ConfigError, DispatchError
+from jobs_platform import bulk, dispatch, history, rules
+from jobs_platform.errors import ConfigError
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
 from jobs_platform.ratelimit import DEFERRED, limiter_for
@@ -38,7 +34,6 @@ from jobs_platform.retry import classify, published
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
 from jobs_platform.spec import OPTIONS, GiveUp, RetryIn, TaskSpec, resolve
-from jobs_platform.urls import masked
 
 logger = logging.getLogger("jobs_platform.task")
 
@@ -196,34 +191,26 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     # -- dispatch ------------------------------------------------------------------------------
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        if options.get("queue") is not None:
-            rules.check_dispatch_queue(options["queue"], task=self.name)
-        delay_s = _delay_seconds(options.get("countdown"), options.get("eta"))
-        if delay_s is not None:
-            rules.check_dispatch_delay(
-                self.name, delay_s, max_delay_s=self.app.jobs_settings.max_delay
-            )
-        _check_payload(self, args, kwargs)
-        headers = options.get("headers") or {}
-        if history.ENQUEUED_HEADER not in headers:
-            options["headers"] = {**headers, history.ENQUEUED_HEADER: utc_iso()}
+        dispatch.check_options(self, options)
+        dispatch.check_size(self, args, kwargs)
+        options = dispatch.stamped(options)
         try:
             if self.spec.unique_for_s is not None:
                 return unique.dispatch_once(self, args, kwargs, options, super().apply_async)
             return super().apply_async(args, kwargs, **options)
         except EncodeError as exc:
-            raise DispatchError(
-                f"{self.name}: arguments must be JSON-serialisable ({exc}); pass IDs, not objects"
-            ) from exc
+            raise dispatch.not_json(self, exc) from exc
         except Exception as exc:
-            if not _caused_by_connection_error(exc):
+            if not dispatch.caused_by_connection_error(exc):
                 raise
-            settings = self.app.jobs_settings
-            raise DispatchError(
-                f"{self.name}: the broker at {masked(settings.broker_url)} did not answer within "
-                f"{settings.dispatch_timeout:g} s (JOBS_DISPATCH_TIMEOUT); nothing was enqueued: "
-                f"{_root_message(exc)}"
-            ) from exc
+            raise dispatch.broker_unreachable(self, exc) from exc
+
+    def _republish(self, signature: Any) -> Any:
+        """Publish ``signature`` of this task (a retry or a deferral of a job that was
+        checked when it was first dispatched) without checking it again."""
+        # As Signature.apply_async() with no arguments would, minus ReliableTask's checks.
+        options = dispatch.stamped(dict(signature.options))
+        return celery.Task.apply_async(self, signature.args, signature.kwargs, **options)
 
     def delay_many(self, calls: Iterable[Any]) -> list[Any]:
         """``[self.delay(*c) for c in calls]`` (a dict ``c`` is keyword arguments), checked
@@ -233,16 +220,12 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         :class:`~jobs_platform.bulk.BulkDispatchError` with its index. Returns the
         AsyncResults in order (a ``unique_for`` duplicate gets the queued job's).
         """
-        from jobs_platform import bulk
-
         return bulk.delay_many(self, calls)
 
     def apply_async_many(self, calls: Iterable[Any], **options: Any) -> list[Any]:
         """``[self.apply_async(args, kwargs, **options) for args, kwargs in calls]``, like
         :meth:`delay_many`. A call may also be a signature of this task (``self.s(...)``,
         ``.set(countdown=...)``): its own options win over ``options``."""
-        from jobs_platform import bulk
-
         return bulk.apply_async_many(self, calls, options)
 
     # -- execution: decide (spec), then record a give-up or publish a retry ---------------------
@@ -276,9 +259,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         if wait_s <= 0:
             return
         request = self.request
-        self.signature_from_request(
-            request, queue=self._queue_of(request), countdown=wait_s
-        ).apply_async()
+        self._republish(
+            self.signature_from_request(request, queue=self._queue_of(request), countdown=wait_s)
+        )
         DEFERRED.labels(spec.rate_key).inc()
         logger.info(
             "%s[%s] deferred %.3f s by the %s limit on %r",
@@ -343,13 +326,13 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         )
         if not request.is_eager:  # task.apply() re-runs the signature itself
             try:
-                signature.apply_async()
+                self._republish(signature)
             except Exception as publish_failed:
                 # Not published. If the broker was unreachable, requeue the message (it comes
                 # back when the broker does) instead of dropping it; any other publish error
                 # would fail the same way again, so it is a rejection without requeue (as in
                 # Celery's retry), which the dead-letter table records.
-                requeue = _caused_by_connection_error(publish_failed)
+                requeue = dispatch.caused_by_connection_error(publish_failed)
                 raise Reject(publish_failed, requeue=requeue) from exc
         published.install()  # the frames-free end of this attempt (see its module)
         return published.PublishedRetry(
@@ -409,52 +392,3 @@ def _named_checker(task: str, check: Any) -> Any:
             raise TypeError(f"{task}: {exc}") from None
 
     return check_arguments
-
-
-def _is_connection_error(exc: object) -> bool:
-    return isinstance(exc, ConnectionError | TimeoutError | OperationalError) or any(
-        history.qualified_name(cls) in _BROKER_DOWN for cls in type(exc).__mro__
-    )
-
-
-_BROKER_DOWN = frozenset({"redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError"})
-
-
-def _causes(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from or while handling (Celery wraps a
-    refused connection in a RuntimeError about its result store)."""
-    chain: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and current not in chain:
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
-
-
-def _caused_by_connection_error(exc: BaseException) -> bool:
-    return any(_is_connection_error(link) for link in _causes(exc))
-
-
-def _root_message(exc: BaseException) -> str:
-    return str(_causes(exc)[-1]).strip() or type(exc).__name__
-
-
-def _delay_seconds(countdown: Any, eta: Any) -> float | None:
-    """How far in the future a dispatch asks to run, from ``countdown`` or ``eta``."""
-    if countdown is not None:
-        return float(countdown)
-    if eta is None:
-        return None
-    when: dt.datetime = dt.datetime.fromisoformat(eta) if isinstance(eta, str) else eta
-    return max(0.0, (as_utc(when) - utcnow()).total_seconds())
-
-
-def _check_payload(task: Any, args: Any, kwargs: Any) -> None:
-    """Refuse arguments over JOBS_MAX_PAYLOAD_BYTES, measured as they will be sent."""
-    try:
-        size = payload_size(args, kwargs, dumps=kombu_dumps)
-    except (TypeError, ValueError):
-        return  # not JSON at all: the publish raises EncodeError, reported below
-    rules.check_dispatch_payload(
-        task.name, size, max_bytes=task.app.jobs_settings.max_payload_bytes
-    )

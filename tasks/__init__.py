@@ -7,12 +7,9 @@ deterministic output path, a status compare-and-swap, a downstream idempotency k
 Start a worker per queue with ``celery -A tasks worker-profile fast`` (see docs/operations.md).
 """
 
-from jobs_platform import create_app
-
-app = create_app("tasks")
-
-# Importing the modules declares (and validates) their tasks.
-from tasks import billing, email, media, partner, reminders, reports, schedule, shop  # noqa: E402
+# Importing the modules declares (and validates) their tasks on the app (tasks/jobs.py).
+from tasks import billing, email, media, partner, reminders, reports, schedule, shop
+from tasks.jobs import app
 
 __all__ = [
     "app",

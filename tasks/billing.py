@@ -38,8 +38,8 @@ from jobs_platform import (
     transition,
 )
 from jobs_platform.db import engine_for
-from tasks import app
 from tasks.gateway import GatewayClient
+from tasks.jobs import app
 
 metadata = sa.MetaData()
 

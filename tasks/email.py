@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs_platform import PermanentError, ReliableTask
-from tasks import app
+from tasks.jobs import app
 from tasks.paths import atomic_write, data_dir
 
 

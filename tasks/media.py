@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from jobs_platform import PermanentError, ReliableTask
-from tasks import app
+from tasks.jobs import app
 from tasks.paths import atomic_write, data_dir
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from jobs_platform import ReliableTask
 from jobs_platform.retry.inprocess import quick_retry
-from tasks import app
+from tasks.jobs import app
 
 
 def partner_url() -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs_platform import ReliableTask
-from tasks import app
+from tasks.jobs import app
 from tasks.paths import atomic_write, data_dir
 
 REMINDER_DELAY_S = 24 * 3600.0

@@ -15,7 +15,7 @@ from jobs_platform import ReliableTask
 from jobs_platform.clock import utcnow
 from jobs_platform.schedule import SLOT_HEADER
 from jobs_platform.schedule.slots import parse_slot
-from tasks import app
+from tasks.jobs import app
 from tasks.paths import atomic_write, data_dir
 
 

@@ -17,7 +17,8 @@ from typing import Any
 from celery.schedules import crontab
 
 from jobs_platform.schedule import maintenance_schedule
-from tasks import app, partner, reports
+from tasks import partner, reports
+from tasks.jobs import app
 
 #: The account the hourly sync pushes (the fake partner answers 200 for account 1).
 PARTNER_SYNC_ACCOUNT = 1

@@ -36,7 +36,8 @@ from jobs_platform import ConfigError, ReliableTask
 from jobs_platform.clock import utcnow
 from jobs_platform.db import insert_ignoring
 from jobs_platform.schedule import SLOT_HEADER
-from tasks import app, billing, schedule
+from tasks import billing, schedule
+from tasks.jobs import app
 from tasks.paths import atomic_write, data_dir
 
 #: The warehouse API's limit, for every worker together.

@@ -13,9 +13,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from kombu.utils.json import dumps as kombu_dumps
-
-from jobs_platform import rules
+from jobs_platform import dispatch
 from jobs_platform.errors import DispatchError
 from jobs_platform.idempotency import unique
 
@@ -88,7 +86,7 @@ def read(task: Any, items: Iterable[Any], shared: dict[str, Any], *, form: str) 
     ``"apply_async"`` (``(args, kwargs)`` pairs or signatures of ``task``)."""
     items = list(items)
     try:
-        check_options(task, shared)
+        dispatch.check_options(task, shared)
     except Exception as exc:
         raise BulkDispatchError(
             f"{task.name}: options refused, nothing was enqueued: {_reason(task, exc)}"
@@ -100,7 +98,7 @@ def read(task: Any, items: Iterable[Any], shared: dict[str, Any], *, form: str) 
             args, kwargs, own = _unpack(task, item, form)
             options = {**shared, **own} if own else shared
             if own:
-                check_options(task, options)
+                dispatch.check_options(task, options)
             payload = check_arguments(task, args, kwargs)
             given = options.get("task_id")
             call = Call(
@@ -161,33 +159,12 @@ def _is_signature(item: Any) -> bool:
     return isinstance(item, Signature)
 
 
-def check_options(task: Any, options: Mapping[str, Any]) -> None:
-    """The option checks of ``ReliableTask.apply_async``: declared queue, delay limit."""
-    from jobs_platform.task import _delay_seconds
-
-    if options.get("queue") is not None:
-        rules.check_dispatch_queue(options["queue"], task=task.name)
-    delay_s = _delay_seconds(options.get("countdown"), options.get("eta"))
-    if delay_s is not None:
-        rules.check_dispatch_delay(task.name, delay_s, max_delay_s=task.app.jobs_settings.max_delay)
-
-
 def check_arguments(task: Any, args: Any, kwargs: Mapping[str, Any]) -> str:
-    """The task's signature (Celery's ``typing`` check), then JSON and the payload limit;
-    the JSON of ``[args, kwargs]``, measured as ``payload_size`` measures it."""
+    """The task's signature (Celery's ``typing`` check, which the single path leaves to
+    Celery's ``apply_async``), then JSON and the payload limit; the JSON of
+    ``[args, kwargs]`` (the message body reuses it)."""
     if task.typing:
         header = getattr(task, "__header__", None)
         if header is not None:
             header(*args, **kwargs)
-    try:
-        payload = str(kombu_dumps([args, kwargs]))
-    except (TypeError, ValueError) as exc:
-        # The single path learns this from the publish (EncodeError); same words.
-        raise DispatchError(
-            f"{task.name}: arguments must be JSON-serialisable ({exc}); pass IDs, not objects"
-        ) from exc
-    size = len(payload) if payload.isascii() else len(payload.encode("utf-8"))
-    rules.check_dispatch_payload(
-        task.name, size, max_bytes=task.app.jobs_settings.max_payload_bytes
-    )
-    return payload
+    return dispatch.encode_arguments(task, args, kwargs)

@@ -33,7 +33,7 @@ from celery.utils.time import add_seconds_to_datetime, maybe_make_aware
 from kombu import serialization
 from kombu.utils.json import dumps as kombu_dumps
 
-from jobs_platform import history
+from jobs_platform import dispatch, history
 from jobs_platform.bulk.calls import Call
 
 #: Header fields that differ between two messages of one kind (besides the enqueue stamp).
@@ -211,10 +211,7 @@ class Messages:
         return key
 
     def _through_celery(self, call: Call, stamp: str) -> Any:
-        options = {k: v for k, v in call.options.items() if k != "task_id"}
-        headers = options.get("headers") or {}
-        if history.ENQUEUED_HEADER not in headers:
-            options["headers"] = {**headers, history.ENQUEUED_HEADER: stamp}
+        options = dispatch.stamped({k: v for k, v in call.options.items() if k != "task_id"}, stamp)
         self.recorder.last = None
         return celery.Task.apply_async(
             self.task,

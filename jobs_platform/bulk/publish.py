@@ -17,6 +17,7 @@ from typing import Any
 
 from kombu.utils.functional import retry_over_time
 
+from jobs_platform import dispatch
 from jobs_platform.bulk import claims
 from jobs_platform.bulk.calls import BulkDispatchError, Call
 from jobs_platform.bulk.messages import Messages, Recorder
@@ -149,8 +150,6 @@ def _failure(
     exc: Exception,
 ) -> BulkDispatchError:
     """The error for a bulk that failed after its checks, with what went out."""
-    from jobs_platform.task import _caused_by_connection_error, _root_message
-
     if not todo:  # failed before publishing began (broker down, lock round trip)
         todo = [call for call in calls if results[call.index] is None]
     done = progress.enqueued
@@ -160,9 +159,9 @@ def _failure(
     for call in unsent_calls:
         results[call.index] = None
     claims.release(task, todo[done:])  # as dispatch_once frees its lock when a publish fails
-    if _caused_by_connection_error(exc):
+    if dispatch.caused_by_connection_error(exc):
         cause = f"the broker at {masked(task.app.jobs_settings.broker_url)} failed: "
-        cause += _root_message(exc)
+        cause += dispatch.root_message(exc)
     else:
         cause = f"{type(exc).__name__}: {exc}"
     skipped = len(calls) - len(todo)

@@ -9,8 +9,9 @@ stops the worker or is lost (:mod:`.rawpoison` acts on the verdicts given here).
 - :func:`envelope_problem` / :func:`body_problem`: what keeps a parsed item from being a
   kombu envelope;
 - :func:`task_problem`: what Celery's consumer would fail on in a task message;
-- :func:`payload_size` / :func:`oversize`: ``JOBS_MAX_PAYLOAD_BYTES`` measures the JSON of
-  a message's ``[args, kwargs]``, the same at dispatch and in the worker.
+- :func:`oversize`: ``JOBS_MAX_PAYLOAD_BYTES`` measures the JSON of a message's
+  ``[args, kwargs]`` (:func:`jobs_platform.payload.payload_size`), the same at dispatch and
+  in the worker.
 
 The error types are stable names (``jobs_platform.NotJSON``, ...) so that ``dlq stats``
 groups each kind of bad input together.
@@ -24,6 +25,8 @@ import dataclasses
 import json
 from collections.abc import Callable
 from typing import Any
+
+from jobs_platform.payload import payload_size
 
 #: The item is not JSON (garbage, or JSON cut short).
 NOT_JSON = "jobs_platform.NotJSON"
@@ -116,15 +119,6 @@ def body_problem(payload: dict[str, Any]) -> str | None:
         except (binascii.Error, ValueError) as exc:
             return f"body is not base64 ({exc})"
     return None
-
-
-def payload_size(args: Any, kwargs: Any, *, dumps: Callable[[Any], str] = json.dumps) -> int:
-    """Bytes of the JSON of ``[args, kwargs]``: what ``JOBS_MAX_PAYLOAD_BYTES`` limits.
-
-    ``dumps`` is the serializer the message is sent with (kombu's, which also writes
-    datetimes and UUIDs), so the size is that of the arguments as they travel.
-    """
-    return len(dumps([args if args is not None else [], kwargs or {}]).encode("utf-8"))
 
 
 #: The body was not decoded (not JSON, compressed) or did not decode.

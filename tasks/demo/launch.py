@@ -25,16 +25,17 @@ from pathlib import Path
 from types import FrameType
 
 import redis
-import sqlalchemy as sa
 from rich.console import Console
 
 from jobs_platform import db
 from jobs_platform.testing import RedisServer, port_answers
 from jobs_platform.urls import masked
-from tasks import app, billing, shop
+from tasks import billing, shop
 from tasks.demo import chart, report, stack, tour
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sampler
+from tasks.jobs import app
+from tasks.paths import absolute_database_url
 
 DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
 #: Set in the child that runs the tour on a private redis-server (no second fallback).
@@ -81,17 +82,6 @@ def redis_answers(url: str) -> bool:
         return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
     except redis.RedisError:
         return False
-
-
-def absolute_database_url(url: str) -> str:
-    """``url`` with a relative SQLite path made absolute (every process must open one file,
-    whatever its working directory)."""
-    parsed = sa.engine.make_url(url)
-    if parsed.drivername.startswith("sqlite") and parsed.database not in (None, "", ":memory:"):
-        path = Path(str(parsed.database))
-        if not path.is_absolute():
-            parsed = parsed.set(database=str(Path.cwd() / path))
-    return parsed.render_as_string(hide_password=False)
 
 
 def console_for_output() -> Console:

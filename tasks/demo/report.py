@@ -24,9 +24,11 @@ from jobs_platform.idempotency import unique
 from jobs_platform.ratelimit import parse_rate
 from jobs_platform.retry.backoff import backoff_window
 from jobs_platform.schedule.slots import SKIPPED_MARK, parse_slot
-from tasks import app, billing, shop
+from tasks import billing, shop
 from tasks.demo.observe import QUEUES, Track
 from tasks.demo.tour import NOWHERE, Facts
+from tasks.jobs import app
+from tasks.paths import absolute_database_url
 
 #: Shown per section at most; the rest is summed up.
 MAX_ROWS = 12
@@ -648,8 +650,6 @@ def _pid_of(sender: str) -> int:
 
 
 def _default_database() -> str:
-    from tasks.demo.launch import absolute_database_url
-
     return absolute_database_url("sqlite:///jobs_platform.sqlite3")
 
 

@@ -42,10 +42,11 @@ from jobs_platform.idempotency import unique
 from jobs_platform.metrics.queues import BrokerLayout
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
-from tasks import app, billing, email, media, reminders, shop
+from tasks import billing, email, media, reminders, shop
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sample, Sampler, Track
 from tasks.demo.stack import Stack, celery, http_status
+from tasks.jobs import app
 
 #: Three thumbnails per upload, the first one big enough to keep a pool process busy.
 THUMBNAIL_SIZES = (1200, 600, 150)

@@ -20,6 +20,7 @@ from kombu.utils.json import loads as kombu_loads
 
 from jobs_platform.deadletter import envelope
 from jobs_platform.deadletter.envelope import UNDECODED, Refusal
+from jobs_platform.payload import payload_size
 
 
 def kombu_envelope(**changes: Any) -> dict[str, Any]:
@@ -220,9 +221,9 @@ def test_judging_any_task_message_never_raises(raw_headers: dict[str, Any], deco
 
 
 def test_payload_size_is_the_json_of_args_and_kwargs() -> None:
-    assert envelope.payload_size(("ab",), {"k": 1}) == len('[["ab"], {"k": 1}]')
-    assert envelope.payload_size(None, None) == len("[[], {}]")
-    assert envelope.payload_size(["é"], {}, dumps=kombu_dumps) == len('[["\\u00e9"], {}]')
+    assert payload_size(("ab",), {"k": 1}) == len('[["ab"], {"k": 1}]')
+    assert payload_size(None, None) == len("[[], {}]")
+    assert payload_size(["é"], {}, dumps=kombu_dumps) == len('[["\\u00e9"], {}]')
 
 
 def test_a_body_within_the_limit_passes_unparsed() -> None:

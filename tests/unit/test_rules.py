@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from jobs_platform import rules
+from jobs_platform import routing, rules
 from jobs_platform.errors import ConfigError, DispatchError
 
 
 def test_check_queue_names_the_known_queues() -> None:
-    assert rules.check_queue("heavy", what="x") == "heavy"
+    assert routing.check_queue("heavy", what="x") == "heavy"
     with pytest.raises(ConfigError, match=r"task 't': unknown queue 'slow'; .*fast, heavy, third"):
-        rules.check_queue("slow", what="task 't'")
+        routing.check_queue("slow", what="task 't'")
 
 
 @pytest.mark.parametrize("value", [0, -1, True, "5", float("nan")])

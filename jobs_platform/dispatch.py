@@ -1,0 +1,131 @@
+"""What a dispatch checks before anything is sent: one copy for ``.delay()`` and bulk.
+
+``ReliableTask.apply_async`` and :mod:`jobs_platform.bulk` both call these, so a call is
+refused for the same reasons, with the same words, whichever way it is sent:
+
+- :func:`check_options`: an explicit queue is a declared one; a countdown or ETA is
+  within ``JOBS_MAX_DELAY``;
+- :func:`check_size` / :func:`encode_arguments`: the arguments are JSON and within
+  ``JOBS_MAX_PAYLOAD_BYTES`` (:mod:`jobs_platform.payload` measures them);
+- :func:`broker_unreachable`: the error a caller gets when the broker did not answer.
+
+A retry ReliableTask publishes itself was checked when it was first dispatched: it skips
+all of this (``ReliableTask._republish``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+from kombu.exceptions import OperationalError
+from kombu.utils.json import dumps as kombu_dumps
+
+from jobs_platform import history, rules
+from jobs_platform.clock import as_utc, utc_iso, utcnow
+from jobs_platform.errors import DispatchError
+from jobs_platform.payload import arguments_json, size_of
+from jobs_platform.urls import masked
+
+
+def delay_seconds(countdown: Any, eta: Any) -> float | None:
+    """How far in the future a dispatch asks to run, from ``countdown`` or ``eta``."""
+    if countdown is not None:
+        return float(countdown)
+    if eta is None:
+        return None
+    when: dt.datetime = dt.datetime.fromisoformat(eta) if isinstance(eta, str) else eta
+    return max(0.0, (as_utc(when) - utcnow()).total_seconds())
+
+
+def check_options(task: Any, options: Mapping[str, Any]) -> None:
+    """An explicit queue must be declared; a countdown or ETA within ``JOBS_MAX_DELAY``."""
+    if options.get("queue") is not None:
+        rules.check_dispatch_queue(options["queue"], task=task.name)
+    delay_s = delay_seconds(options.get("countdown"), options.get("eta"))
+    if delay_s is not None:
+        rules.check_dispatch_delay(task.name, delay_s, max_delay_s=task.app.jobs_settings.max_delay)
+
+
+def not_json(task: Any, exc: BaseException) -> DispatchError:
+    return DispatchError(
+        f"{task.name}: arguments must be JSON-serialisable ({exc}); pass IDs, not objects"
+    )
+
+
+def encode_arguments(task: Any, args: Any, kwargs: Any) -> str:
+    """The JSON of ``[args, kwargs]`` as kombu sends it, within ``JOBS_MAX_PAYLOAD_BYTES``;
+    DispatchError when it is not JSON or too large."""
+    try:
+        payload = arguments_json(args, kwargs, dumps=kombu_dumps)
+    except (TypeError, ValueError) as exc:
+        raise not_json(task, exc) from exc
+    _check_bytes(task, size_of(payload))
+    return payload
+
+
+def check_size(task: Any, args: Any, kwargs: Any) -> None:
+    """Refuse arguments over ``JOBS_MAX_PAYLOAD_BYTES``; arguments that are not JSON at all
+    pass here (the publish raises kombu's EncodeError, which :func:`not_json` words)."""
+    try:
+        payload = arguments_json(args, kwargs, dumps=kombu_dumps)
+    except (TypeError, ValueError):
+        return
+    _check_bytes(task, size_of(payload))
+
+
+def _check_bytes(task: Any, size: int) -> None:
+    rules.check_dispatch_payload(
+        task.name, size, max_bytes=task.app.jobs_settings.max_payload_bytes
+    )
+
+
+def stamped(options: dict[str, Any], stamp: str | None = None) -> dict[str, Any]:
+    """``options`` whose headers carry the enqueue stamp (kept if the caller set one)."""
+    headers = options.get("headers") or {}
+    if history.ENQUEUED_HEADER in headers:
+        return options
+    return {**options, "headers": {**headers, history.ENQUEUED_HEADER: stamp or utc_iso()}}
+
+
+# -- the broker did not answer -----------------------------------------------------------------
+
+
+_BROKER_DOWN = frozenset({"redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError"})
+
+
+def _is_connection_error(exc: object) -> bool:
+    return isinstance(exc, ConnectionError | TimeoutError | OperationalError) or any(
+        history.qualified_name(cls) in _BROKER_DOWN for cls in type(exc).__mro__
+    )
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or while handling (Celery wraps a
+    refused connection in a RuntimeError about its result store)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def caused_by_connection_error(exc: BaseException) -> bool:
+    """Whether ``exc``, or anything it was raised from, says the broker did not answer."""
+    return any(_is_connection_error(link) for link in _causes(exc))
+
+
+def root_message(exc: BaseException) -> str:
+    return str(_causes(exc)[-1]).strip() or type(exc).__name__
+
+
+def broker_unreachable(task: Any, exc: BaseException) -> DispatchError:
+    """The error for a dispatch whose broker did not answer in ``JOBS_DISPATCH_TIMEOUT``."""
+    settings = task.app.jobs_settings
+    return DispatchError(
+        f"{task.name}: the broker at {masked(settings.broker_url)} did not answer within "
+        f"{settings.dispatch_timeout:g} s (JOBS_DISPATCH_TIMEOUT); nothing was enqueued: "
+        f"{root_message(exc)}"
+    )
