@@ -7,8 +7,9 @@ without bound (``attempt`` keeps the numbering exact).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from jobs_platform.clock import utc_iso
 
@@ -16,12 +17,14 @@ ERRORS_HEADER = "jobs_errors"
 ENQUEUED_HEADER = "jobs_enqueued_at"
 #: Set by a dead-letter replay, so a replayed job that dies again links to its row.
 REPLAY_OF_HEADER = "jobs_replay_of"
-#: Request attribute where ReliableTask hands the failure it gave up on to the dead-letter
-#: receiver, as the task raised it: Celery swaps an exception it cannot pickle (urllib's
-#: HTTPError, httpx's HTTPStatusError) for a stand-in before ``task_failure`` fires.
+#: Request attribute where ReliableTask hands the failure it gave up on (a
+#: :class:`FinalFailure`) to the dead-letter receiver, as the task raised it: Celery swaps
+#: an exception it cannot pickle (urllib's HTTPError, httpx's HTTPStatusError) for a
+#: stand-in before ``task_failure`` fires.
 FINAL_FAILURE_ATTR = "jobs_final_failure"
 #: The outcomes a final failure can have (the dead-letter reason).
 FINAL_OUTCOMES = ("exhausted", "permanent")
+Outcome = Literal["exhausted", "permanent"]
 #: Entries kept per message; max_retries is capped at 1000 but headers must stay small.
 MAX_ENTRIES = 50
 MAX_MESSAGE_CHARS = 1000
@@ -45,24 +48,46 @@ def entry(type_name: str, message: str, attempt: int, *, at: str | None = None) 
     }
 
 
-def note_final_failure(
-    request: Any, item: dict[str, Any], *, status: int | None, outcome: str
-) -> None:
-    """Leave the final failure (a history ``item`` plus HTTP status and outcome) on the
-    running task's request for the dead-letter receiver."""
-    if outcome not in FINAL_OUTCOMES:
-        raise ValueError(f"outcome must be one of {FINAL_OUTCOMES}, got {outcome!r}")
-    setattr(request, FINAL_FAILURE_ATTR, {**item, "status": status, "outcome": outcome})
+@dataclasses.dataclass(frozen=True)
+class FinalFailure:
+    """The give-up decision of a ReliableTask, handed to the dead-letter code as made: the
+    outcome (the dead-letter reason), the last error as raised and its HTTP status."""
+
+    outcome: Outcome
+    type: str
+    message: str
+    at: str
+    attempt: int
+    status: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.outcome not in FINAL_OUTCOMES:
+            raise ValueError(f"outcome must be one of {FINAL_OUTCOMES}, got {self.outcome!r}")
+
+    @classmethod
+    def of(
+        cls, exc: BaseException, attempt: int, *, outcome: Outcome, status: int | None
+    ) -> FinalFailure:
+        item = describe(exc, attempt)
+        return cls(outcome, item["type"], item["message"], item["at"], attempt, status)
+
+    def entry(self) -> dict[str, Any]:
+        """The last entry of the job's history (with ``status`` when there is one)."""
+        item = entry(self.type, self.message, self.attempt, at=self.at)
+        if self.status is not None:
+            item["status"] = self.status
+        return item
 
 
-def final_failure(request: Any) -> dict[str, Any] | None:
-    """The well-formed final failure noted on ``request``, else ``None``."""
+def note_final_failure(request: Any, failure: FinalFailure) -> None:
+    """Leave ``failure`` on the running task's request for the dead-letter receiver."""
+    setattr(request, FINAL_FAILURE_ATTR, failure)
+
+
+def final_failure(request: Any) -> FinalFailure | None:
+    """The final failure noted on ``request``, else ``None``."""
     info = getattr(request, FINAL_FAILURE_ATTR, None)
-    if not isinstance(info, dict) or info.get("outcome") not in FINAL_OUTCOMES:
-        return None
-    if not isinstance(info.get("type"), str) or not isinstance(info.get("message"), str):
-        return None
-    return info
+    return info if isinstance(info, FinalFailure) else None
 
 
 def errors_of(headers: Mapping[str, Any] | None) -> list[dict[str, Any]]:

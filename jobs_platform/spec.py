@@ -51,10 +51,13 @@ OPTIONS = frozenset(
 
 @dataclasses.dataclass(frozen=True)
 class RetryIn:
-    """Retry the job after ``delay_s`` seconds."""
+    """Retry the job after ``delay_s`` seconds (``status``, ``retry_after_s``: what the
+    error said, read once for this decision)."""
 
     delay_s: float
     reason: str
+    status: int | None = None
+    retry_after_s: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +66,7 @@ class GiveUp:
 
     outcome: Literal["permanent", "exhausted"]
     reason: str
+    status: int | None = None
 
 
 Step = RetryIn | GiveUp
@@ -94,7 +98,9 @@ class TaskSpec:
         return self.rate is not None or self.rate_key is not None
 
     def decide(self, exc: BaseException, attempt: int) -> Step:
-        """What to do after attempt number ``attempt`` (1-based) raised ``exc``."""
+        """What to do after attempt number ``attempt`` (1-based) raised ``exc``: the one
+        classification of this attempt (the steps carry what the error said)."""
+        facts = classify.facts_of(exc)
         decision = self.classifier(
             exc,
             classify.Attempt(
@@ -103,14 +109,16 @@ class TaskSpec:
                 transient_errors=self.transient_errors,
                 permanent_errors=self.permanent_errors,
                 retry_unknown_errors=self.retry_unknown_errors,
+                facts=facts,
             ),
         )
         if isinstance(decision, classify.Fail):
-            return GiveUp("permanent", decision.reason)
+            return GiveUp("permanent", decision.reason, facts.status)
         if attempt > self.policy.max_retries:
-            return GiveUp("exhausted", f"{decision.reason}; no retries left after {attempt}")
+            reason = f"{decision.reason}; no retries left after {attempt}"
+            return GiveUp("exhausted", reason, facts.status)
         delay = self.policy.delay_for(attempt, retry_after_s=decision.retry_after_s, rng=self.rng)
-        return RetryIn(delay, decision.reason)
+        return RetryIn(delay, decision.reason, facts.status, facts.retry_after_s)
 
     def celery_attributes(self) -> dict[str, Any]:
         """The Task attributes Celery itself reads (the worker applies the time limits; the

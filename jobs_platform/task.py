@@ -243,7 +243,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             attempt = self.request.retries + 1
             step = self.spec.decide(exc, attempt)
             if isinstance(step, RetryIn):
-                self._pause_on_too_many_requests(exc)
+                self._pause_on_too_many_requests(step)
                 # Ends this attempt without frame copies (jobs_platform.retry.published);
                 # `from None`: the error travels in the history, not chained to the Retry.
                 raise self._publish_retry(exc, attempt, step) from None
@@ -274,23 +274,20 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         )
         raise Ignore()
 
-    def _pause_on_too_many_requests(self, exc: Exception) -> None:
+    def _pause_on_too_many_requests(self, step: RetryIn) -> None:
         """A 429 with Retry-After stops every worker's starts under this task's rate key."""
         key = self.spec.rate_key
-        if key is None or classify.http_status(exc) != 429:
+        if key is None or step.status != 429:
             return
-        retry_after = classify.retry_after_seconds(exc)
-        if retry_after:
-            limiter_for(self.app.conf.broker_url).pause(key, retry_after)
+        if step.retry_after_s:
+            limiter_for(self.app.conf.broker_url).pause(key, step.retry_after_s)
 
     def _give_up(self, exc: Exception, attempt: int, step: GiveUp) -> None:
         """Hand the failure, as raised, to the dead-letter receiver; Celery then fails the
         task once with the original exception."""
         history.note_final_failure(
             self.request,
-            history.describe(exc, attempt),
-            status=classify.http_status(exc),
-            outcome=step.outcome,
+            history.FinalFailure.of(exc, attempt, outcome=step.outcome, status=step.status),
         )
         logger.warning(
             "%s[%s] gave up (%s) on attempt %d: %s (%s)",

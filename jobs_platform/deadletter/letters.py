@@ -12,9 +12,10 @@ message's headers, queue and history.
 
 The exception ``task_failure`` receives is not always the one the task raised: Celery swaps
 one it cannot pickle (urllib's ``HTTPError``, httpx's ``HTTPStatusError``) for a stand-in
-such as ``OSError()``. When :class:`~jobs_platform.task.ReliableTask` gives up it notes the
-original failure on the task's request (:func:`jobs_platform.history.note_final_failure`),
-and that note wins.
+such as ``OSError()``. When :class:`~jobs_platform.task.ReliableTask` gives up it notes its
+decision on the task's request (a :class:`jobs_platform.history.FinalFailure`: outcome, the
+error as raised, its HTTP status), and that note wins: the reason is the decision's outcome,
+never derived again.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ class Origin:
     retries: int
     args: Any = None
     kwargs: Any = None
-    #: The failure ReliableTask recorded on the task's request (pool child only).
-    failure: dict[str, Any] | None = None
+    #: The give-up ReliableTask recorded on the task's request (pool child only).
+    failure: history.FinalFailure | None = None
 
 
 def origin_of(sender: Any, task_id: str | None, finishing: Any = None) -> Origin:
@@ -76,9 +77,11 @@ def origin_of(sender: Any, task_id: str | None, finishing: Any = None) -> Origin
     return Origin(headers={}, delivery_info={}, hostname=None, retries=0)
 
 
-def reason_for(exc: BaseException, failure: dict[str, Any] | None = None) -> str:
+def reason_for(exc: BaseException, failure: history.FinalFailure | None = None) -> str:
+    """The dead-letter reason: ReliableTask's own outcome when it gave up; otherwise what
+    Celery's exception says (the paths where no give-up decision was made)."""
     if failure is not None:
-        return str(failure["outcome"])
+        return failure.outcome
     if isinstance(exc, TimeLimitExceeded):
         return "time_limit"
     if isinstance(exc, WorkerLostError):
@@ -88,20 +91,15 @@ def reason_for(exc: BaseException, failure: dict[str, Any] | None = None) -> str
     return "permanent"  # a plain task that failed and will not be retried
 
 
-def final_entry(exc: BaseException, failure: dict[str, Any] | None, attempt: int) -> dict[str, Any]:
+def final_entry(
+    exc: BaseException, failure: history.FinalFailure | None, attempt: int
+) -> dict[str, Any]:
     """The last error of the history, with its HTTP ``status`` when there is one."""
     if failure is not None:
-        entry = history.entry(
-            failure["type"],
-            failure["message"],
-            attempt,
-            at=failure.get("at") if isinstance(failure.get("at"), str) else None,
-        )
-        status = failure.get("status")
-    else:
-        entry = history.describe(exc, attempt)
-        status = http_status(exc)  # a plain task's exception, when Celery kept it
-    if isinstance(status, int) and not isinstance(status, bool):
+        return failure.entry()
+    entry = history.describe(exc, attempt)
+    status = http_status(exc)  # a plain task's exception (no decision read it), if Celery kept it
+    if status is not None:
         entry["status"] = status
     return entry
 

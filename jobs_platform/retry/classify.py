@@ -28,6 +28,14 @@ ExcTypes: TypeAlias = tuple[type[BaseException], ...]
 
 
 @dataclasses.dataclass(frozen=True)
+class Facts:
+    """What an exception says about itself: its HTTP status and a ``Retry-After``."""
+
+    status: int | None = None
+    retry_after_s: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Attempt:
     """What a classifier knows about the attempt that just failed."""
 
@@ -36,6 +44,8 @@ class Attempt:
     transient_errors: ExcTypes = ()
     permanent_errors: ExcTypes = ()
     retry_unknown_errors: bool = True
+    #: The exception's :class:`Facts`, read once for the whole decision (None: not read yet).
+    facts: Facts | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,12 +176,17 @@ def _parse_retry_after(raw: str, *, now: float | None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def _by_http_status(exc: BaseException) -> Decision | None:
-    status = http_status(exc)
+def facts_of(exc: BaseException) -> Facts:
+    """The exception's HTTP status and ``Retry-After`` (read once per failed attempt)."""
+    return Facts(http_status(exc), retry_after_seconds(exc))
+
+
+def _by_http_status(facts: Facts) -> Decision | None:
+    status = facts.status
     if status is None:
         return None
     if status in RETRYABLE_STATUSES or status >= 500:
-        return Retry(f"HTTP {status}", retry_after_seconds(exc))
+        return Retry(f"HTTP {status}", facts.retry_after_s)
     if 400 <= status < 500:
         return Fail(f"HTTP {status}")
     return None
@@ -194,15 +209,14 @@ def default_classifier(exc: BaseException, attempt: Attempt) -> Decision:
     """The platform's rules, most specific first (see the module docstring)."""
     if attempt.permanent_errors and isinstance(exc, attempt.permanent_errors):
         return Fail(f"{type(exc).__name__} is listed in permanent_errors")
+    facts = attempt.facts or facts_of(exc)
     if attempt.transient_errors and isinstance(exc, attempt.transient_errors):
-        return Retry(
-            f"{type(exc).__name__} is listed in transient_errors", retry_after_seconds(exc)
-        )
+        return Retry(f"{type(exc).__name__} is listed in transient_errors", facts.retry_after_s)
     if isinstance(exc, PermanentError):
         return Fail("PermanentError")
     if isinstance(exc, TransientError):
         return Retry("TransientError", exc.retry_after_s)
-    decision = _by_http_status(exc) or _by_type(exc)
+    decision = _by_http_status(facts) or _by_type(exc)
     if decision is not None:
         return decision
     if attempt.retry_unknown_errors:

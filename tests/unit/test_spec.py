@@ -75,7 +75,7 @@ def test_decide_gives_up_at_once_on_a_permanent_error() -> None:
 def test_retry_after_is_honoured_up_to_the_cap() -> None:
     s = spec(queue="fast", retry_backoff=1, retry_backoff_max=10, rng=Rng())
     step = s.decide(TransientError("busy", retry_after_s=60), 1)
-    assert step == RetryIn(10.0, "TransientError")
+    assert step == RetryIn(10.0, "TransientError", retry_after_s=60)
 
 
 def test_declared_exception_lists_steer_the_decision() -> None:

@@ -6,6 +6,7 @@ In the pool child Celery replaces an exception it cannot pickle with a stand-in 
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,17 +18,17 @@ from celery.exceptions import Reject
 from jobs_platform import history
 from jobs_platform.deadletter import letters
 
-RECORDED_503 = {
-    "type": "urllib.error.HTTPError",
-    "message": "HTTP Error 503: Service Unavailable",
-    "at": "2026-01-02T03:04:05.000+00:00",
-    "attempt": 1,
-    "status": 503,
-    "outcome": "exhausted",
-}
+RECORDED_503 = history.FinalFailure(
+    outcome="exhausted",
+    type="urllib.error.HTTPError",
+    message="HTTP Error 503: Service Unavailable",
+    at="2026-01-02T03:04:05.000+00:00",
+    attempt=1,
+    status=503,
+)
 
 
-def sender(task_id: str = "t-1", failure: dict[str, Any] | None = None) -> Any:
+def sender(task_id: str = "t-1", failure: history.FinalFailure | None = None) -> Any:
     context = Context(
         {
             "id": task_id,
@@ -67,7 +68,9 @@ def test_the_recorded_failure_wins_over_celerys_stand_in() -> None:
 
 
 def test_a_permanent_record_gives_reason_permanent() -> None:
-    record = {**RECORDED_503, "status": 404, "outcome": "permanent", "message": "HTTP Error 404"}
+    record = dataclasses.replace(
+        RECORDED_503, status=404, outcome="permanent", message="HTTP Error 404"
+    )
     letter = letter_for(sender(failure=record), OSError())
     assert (letter.reason, letter.http_status) == ("permanent", 404)
     assert letter.fingerprint != letter_for(sender(failure=RECORDED_503), OSError()).fingerprint
@@ -82,8 +85,9 @@ def test_a_record_of_another_task_is_not_used() -> None:
 @pytest.mark.parametrize(
     "record",
     [
-        {**RECORDED_503, "outcome": "retried"},
-        {**RECORDED_503, "type": None},
+        # What the note was before it was typed, and other things that are not a decision.
+        {**dataclasses.asdict(RECORDED_503)},
+        {**dataclasses.asdict(RECORDED_503), "outcome": "retried"},
         "exhausted",
     ],
 )
@@ -123,8 +127,15 @@ def test_main_process_paths_keep_their_reason(exc: BaseException, reason: str) -
 
 def test_the_noted_failure_round_trips_and_outcomes_are_checked() -> None:
     context = Context({"id": "t-1"})
-    entry = history.entry("urllib.error.HTTPError", "HTTP Error 503", 2)
-    history.note_final_failure(context, entry, status=503, outcome="exhausted")
-    assert history.final_failure(context) == {**entry, "status": 503, "outcome": "exhausted"}
+    failure = history.FinalFailure.of(OSError("HTTP Error 503"), 2, outcome="exhausted", status=503)
+    history.note_final_failure(context, failure)
+    assert history.final_failure(context) is failure
+    assert failure.entry() == {
+        "type": "builtins.OSError",
+        "message": "HTTP Error 503",
+        "at": failure.at,
+        "attempt": 2,
+        "status": 503,
+    }
     with pytest.raises(ValueError, match="outcome"):
-        history.note_final_failure(context, entry, status=None, outcome="retried")
+        history.FinalFailure("retried", "builtins.OSError", "x", failure.at, 1)  # type: ignore[arg-type]
