@@ -619,7 +619,7 @@ class Producer:
 
 
 def _queue_lists(app: Any) -> list[str]:
-    from jobs_platform.metrics.queues import BrokerLayout
+    from jobs_platform.brokers.redis.layout import BrokerLayout
 
     layout = BrokerLayout.from_app(app)
     return [name for queue in layout.queues for name in layout.sublists(queue)]
@@ -634,7 +634,7 @@ def backlog(client: redis.Redis, sublists: list[str]) -> int:
 
 def quiet(client: redis.Redis, sublists: list[str], app: Any) -> bool:
     """Nothing queued, held, delayed or spooled anywhere on the broker."""
-    from jobs_platform.delayed.options import keys_for
+    from jobs_platform.brokers.redis.options import keys_for
 
     settings = app.jobs_settings
     with client.pipeline(transaction=False) as pipe:

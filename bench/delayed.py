@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from jobs_platform.delayed.store import DelayedJob, Keys, count, release_due, store_args
+from jobs_platform.brokers.redis.delayed import DelayedJob, Keys, count, release_due, store_args
 from jobs_platform.settings import Settings
 from jobs_platform.testing import RedisServer
 
@@ -41,7 +41,7 @@ TARGET_P99_MS = 1000.0
 def template_job(url: str) -> DelayedJob:
     """One job stored by the real transport (a task with two arguments and a time limit)."""
     from jobs_platform import create_app
-    from jobs_platform.delayed.options import PREFIX
+    from jobs_platform.brokers.redis.options import PREFIX
 
     app = create_app("bench-delayed", broker_url=url)
     app.conf.broker_transport_options = {**app.conf.broker_transport_options, PREFIX: KEYS.prefix}

@@ -41,9 +41,9 @@ from prometheus_client import generate_latest
 
 from jobs_platform import ReliableTask, create_app
 from jobs_platform import db as platform_db
+from jobs_platform.brokers.redis.layout import BrokerLayout
 from jobs_platform.deadletter.store import DeadLetterStore
 from jobs_platform.metrics import counters, exporter, outcomes
-from jobs_platform.metrics.queues import BrokerLayout
 from jobs_platform.settings import Settings
 from jobs_platform.testing import RedisServer, dead_letter
 

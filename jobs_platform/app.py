@@ -4,7 +4,8 @@ Workers started with different flags must not behave differently, so everything 
 decides whether a job can be lost or repeated is set here: JSON only (pickle refused),
 late acknowledgement with redelivery when a worker dies (counted as a retry, so a
 message that kills its worker cannot loop forever), declared queues only, and the
-visibility timeout in every place kombu reads it, with a short restore sweep.
+visibility timeout in every place kombu reads it, with a short restore sweep (the broker's
+part of the configuration comes from :mod:`jobs_platform.brokers`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from jobs_platform import delayed, events, flower, health, metrics, rules, schedule
+from jobs_platform import brokers, events, flower, health, metrics, rules, schedule
 from jobs_platform.deadletter import CONSUMER as DEAD_LETTER_CONSUMER
 from jobs_platform.deadletter import install as install_dead_letters
 from jobs_platform.history import qualified_name
@@ -63,9 +64,10 @@ class JobsCelery(Celery):  # type: ignore[misc]
         """Refuse to run when the live configuration no longer matches the pinned one."""
         from jobs_platform.task import ReliableTask
 
-        vt = float(self.conf.broker_transport_options.get("visibility_timeout", 0))
         settings = self.jobs_settings
-        rules.check_live_visibility(vt, settings.visibility_timeout)
+        broker = brokers.of(self)
+        broker.check_live(self)  # on Redis: the live visibility timeout is the configured one
+        delivery = broker.delivery_timeout(settings)
         for name, task in self._tasks.items():  # not .tasks: that would finalize again
             if isinstance(task, ReliableTask):
                 # The limits Celery will apply, which a later setattr could have changed.
@@ -74,7 +76,7 @@ class JobsCelery(Celery):  # type: ignore[misc]
                     longest_wait_s=task.spec.policy.longest_wait_s,
                     hard_limit_s=task.time_limit,
                     soft_limit_s=task.soft_time_limit,
-                    visibility_timeout_s=vt,
+                    visibility_timeout_s=delivery.seconds,
                     margin_s=settings.visibility_margin,
                     max_delay_s=settings.max_delay,
                 )
@@ -82,35 +84,14 @@ class JobsCelery(Celery):  # type: ignore[misc]
 
 def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
     """The pinned Celery configuration for ``settings``."""
-    # A dispatch to an unreachable broker fails within dispatch_timeout (T): each connect
-    # attempt gets T/4; a publish makes at most 3 attempts 0.2 s apart; the result backend
-    # (subscribed before the publish) retries until T/2. Celery's defaults wait ~20 s.
+    # A dispatch to an unreachable broker fails within dispatch_timeout: the broker's own
+    # connect timeouts (its celery_config); a publish makes at most 3 attempts 0.2 s apart.
     timeout = settings.dispatch_timeout
-    transport = {
-        "visibility_timeout": settings.visibility_timeout,
-        # kombu sweeps expired unacked messages every interval x throttle seconds (~100 s
-        # by default); a throttle of 1 makes the interval the real sweep period.
-        "unacked_restore_interval": settings.unacked_restore_interval,
-        "unacked_restore_throttle": 1,
-        # The sweep's lock: kombu keeps it 300 s, so a worker killed mid-sweep would stop
-        # every restore for 5 minutes; restore_by_tag is a WATCH transaction, so a short
-        # lock that two sweeps overlap under is safe.
-        "unacked_mutex_expire": 10,
-        "socket_connect_timeout": timeout / 4,
-    }
-    backend_retry = {
-        "max_retries": 100,
-        "interval_start": 0,
-        "interval_step": 0.2,
-        "interval_max": 0.5,
-        "timeout": timeout / 2,
-    }
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend_url,
-        "broker_transport_options": dict(transport),
-        "result_backend_transport_options": {**transport, "retry_policy": backend_retry},
-        "redis_socket_connect_timeout": timeout / 4,
+        # Transport options (the visibility timeout in every place kombu reads it...).
+        **brokers.for_url(settings.broker_url).celery_config(settings),
         "broker_connection_timeout": timeout,
         "task_publish_retry_policy": {
             "max_retries": 2,
@@ -167,8 +148,8 @@ def create_app(main: str = "jobs_platform", **overrides: Any) -> JobsCelery:
     unique.connect_receivers()
     # Dead letters: terminal failures stored once (drainer bootstep + signal receivers).
     install_dead_letters(app)
-    # Long delays wait in the durable store on the broker, released by every worker.
-    delayed.install(app)
+    # The broker's worker plug-ins (on Redis: every worker releases due delayed jobs).
+    brokers.for_url(settings.broker_url).install(app)
     # Beat's overlap markers and the platform's maintenance tasks.
     schedule.install(app)
     # Counters from Celery signals (not task events), summed in Redis for `metrics`.

@@ -21,3 +21,11 @@ def as_utc(moment: dt.datetime) -> dt.datetime:
 def utc_iso(moment: dt.datetime | None = None) -> str:
     """ISO 8601 with milliseconds and offset (``2026-12-02T18:00:00.000+00:00``)."""
     return as_utc(moment or utcnow()).isoformat(timespec="milliseconds")
+
+
+def unix_time(iso: str) -> float | None:
+    """Unix time of an ISO 8601 string (UTC when it has no offset), ``None`` if it is not one."""
+    try:
+        return as_utc(dt.datetime.fromisoformat(iso)).timestamp()
+    except ValueError:
+        return None

@@ -23,6 +23,7 @@ from kombu.exceptions import OperationalError
 from kombu.utils.json import dumps as kombu_dumps
 
 from jobs_platform import history, rules
+from jobs_platform.brokers.interface import Broker
 from jobs_platform.clock import as_utc, utc_iso, utcnow
 from jobs_platform.errors import DispatchError
 from jobs_platform.payload import arguments_json, size_of
@@ -92,13 +93,8 @@ def stamped(options: dict[str, Any], stamp: str | None = None) -> dict[str, Any]
 # -- the broker did not answer -----------------------------------------------------------------
 
 
-_BROKER_DOWN = frozenset({"redis.exceptions.ConnectionError", "redis.exceptions.TimeoutError"})
-
-
-def _is_connection_error(exc: object) -> bool:
-    return isinstance(exc, ConnectionError | TimeoutError | OperationalError) or any(
-        history.qualified_name(cls) in _BROKER_DOWN for cls in type(exc).__mro__
-    )
+def _is_connection_error(broker: Broker, exc: BaseException) -> bool:
+    return isinstance(exc, ConnectionError | TimeoutError | OperationalError) or broker.is_down(exc)
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
@@ -112,9 +108,10 @@ def _causes(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-def caused_by_connection_error(exc: BaseException) -> bool:
-    """Whether ``exc``, or anything it was raised from, says the broker did not answer."""
-    return any(_is_connection_error(link) for link in _causes(exc))
+def broker_down(broker: Broker, exc: BaseException) -> bool:
+    """Whether ``exc``, or anything it was raised from, says the broker did not answer
+    (the socket's own errors, kombu's, or those ``broker`` names)."""
+    return any(_is_connection_error(broker, link) for link in _causes(exc))
 
 
 def root_message(exc: BaseException) -> str:

@@ -28,10 +28,12 @@ import urllib.parse
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from jobs_platform import brokers
+from jobs_platform.brokers import memory
 from jobs_platform.env import env_name
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.routing import QUEUE_NAMES, check_queue
-from jobs_platform.urls import BROKER_SCHEMES, IN_PROCESS_SCHEME, masked
+from jobs_platform.urls import masked
 
 #: A ceiling on ``max_retries``: unbounded retries are how "a bug that retries forever" happens.
 MAX_RETRIES_CEILING = 1000
@@ -69,37 +71,26 @@ def _did_you_mean(name: str, known: Iterable[str], cutoff: float) -> str | None:
 
 
 def check_broker_url(url: str, *, setting: str) -> str:
-    """Refuse anything but ``redis[s]://[user:password@]host[:port][/db]``, naming ``setting``.
+    """Refuse a URL of no broker the platform has, naming ``setting``; the broker checks
+    the rest of its shape (:meth:`~jobs_platform.brokers.interface.Broker.check_url`).
 
     Checked when the app is created, so a typo fails with the setting's name instead of a
     ``ModuleNotFoundError`` from kombu or a hang at the first ``.delay()``.
     """
-    if url == f"{IN_PROCESS_SCHEME}://":
+    if url == f"{memory.SCHEME}://":
         return url
     shown = masked(url)
     try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port
+        scheme = urllib.parse.urlsplit(url).scheme
     except ValueError as exc:
         raise ConfigError(f"{setting}={shown!r} is not a valid URL: {exc}") from None
-    if parts.scheme not in BROKER_SCHEMES:
+    if scheme not in brokers.WORKER_SCHEMES:
         raise ConfigError(
             f"{setting}={shown!r}: the scheme must be "
-            f"{' or '.join(f'{scheme}://' for scheme in BROKER_SCHEMES)} "
+            f"{' or '.join(f'{scheme}://' for scheme in brokers.WORKER_SCHEMES)} "
             "(jobs-platform runs on the Redis broker today)"
         )
-    if not parts.hostname or not url.startswith(f"{parts.scheme}://"):
-        raise ConfigError(
-            f"{setting}={shown!r} has no host; expected {parts.scheme}://HOST[:PORT][/DB]"
-        )
-    database = parts.path.lstrip("/")
-    if database and not database.isdigit():
-        raise ConfigError(
-            f"{setting}={shown!r}: the path must be a database number such as /0, "
-            f"not {parts.path!r}"
-        )
-    if port == 0:
-        raise ConfigError(f"{setting}={shown!r}: port 0 is not a port")
+    brokers.BY_SCHEME[scheme].check_url(url, setting=setting)
     return url
 
 
@@ -141,7 +132,7 @@ def check_settings(values: Mapping[str, Any]) -> None:
     """Every rule the settings table must satisfy, given its values by setting name
     (``Settings.__post_init__`` calls this; the table is data to the rules)."""
     check_broker_url(values["broker_url"], setting=env_name("broker_url"))
-    if values["result_backend"].split("://", 1)[0] in BROKER_SCHEMES:
+    if values["result_backend"].split("://", 1)[0] in brokers.WORKER_SCHEMES:
         check_broker_url(values["result_backend"], setting=env_name("result_backend"))
     check_visibility(
         visibility_timeout_s=values["visibility_timeout"], margin_s=values["visibility_margin"]
@@ -376,14 +367,6 @@ def check_queue_selection(named: Iterable[str], declared: Collection[str]) -> No
         raise ConfigError(
             f"-Q/-X {', '.join(unknown)}: no such queue; the queues are {', '.join(declared)} "
             "(queues are declared by jobs-platform, never created on the fly)"
-        )
-
-
-def check_live_visibility(live_s: float, configured_s: float) -> None:
-    if live_s != configured_s:
-        raise ConfigError(
-            f"broker visibility_timeout {live_s:g} s differs from JOBS_VISIBILITY_TIMEOUT "
-            f"{configured_s:g} s; set it only through jobs-platform settings"
         )
 
 

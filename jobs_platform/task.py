@@ -25,7 +25,7 @@ from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError
 
-from jobs_platform import bulk, dispatch, history, rules
+from jobs_platform import brokers, bulk, dispatch, history, rules
 from jobs_platform.errors import ConfigError
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
@@ -201,7 +201,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         except EncodeError as exc:
             raise dispatch.not_json(self, exc) from exc
         except Exception as exc:
-            if not dispatch.caused_by_connection_error(exc):
+            if not dispatch.broker_down(brokers.of(self.app), exc):
                 raise
             raise dispatch.broker_unreachable(self, exc) from exc
 
@@ -329,7 +329,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 # back when the broker does) instead of dropping it; any other publish error
                 # would fail the same way again, so it is a rejection without requeue (as in
                 # Celery's retry), which the dead-letter table records.
-                requeue = dispatch.caused_by_connection_error(publish_failed)
+                requeue = dispatch.broker_down(brokers.of(self.app), publish_failed)
                 raise Reject(publish_failed, requeue=requeue) from exc
         published.install()  # the frames-free end of this attempt (see its module)
         return published.PublishedRetry(

@@ -1,19 +1,13 @@
-"""Service URLs: the shape the platform accepts, and how they appear in messages (pure).
+"""Service URLs as they appear in messages (pure): passwords never appear in an error or a
+log line, :func:`masked` hides them.
 
 The broker URL's shape is checked when the app is created
-(:func:`jobs_platform.rules.check_broker_url`).
-Passwords never appear in an error or a log line: :func:`masked` hides them.
+(:func:`jobs_platform.rules.check_broker_url`, and the broker's own ``check_url``).
 """
 
 from __future__ import annotations
 
 import urllib.parse
-
-#: Broker transports the platform supports today (its redelivery and dead-letter spool rely
-#: on Redis; RabbitMQ comes later).
-BROKER_SCHEMES = ("redis", "rediss")
-#: kombu's in-process transport: accepted for pure unit tests, which never start a worker.
-IN_PROCESS_SCHEME = "memory"
 
 
 def masked(url: str) -> str:

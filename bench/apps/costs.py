@@ -49,10 +49,16 @@ def _metrics(app: Any, url: str) -> None:
 
 
 def _delayed(app: Any, url: str) -> None:
-    from jobs_platform import delayed
+    from jobs_platform.brokers.redis import BROKER, TRANSPORT, options
 
     _settings(app, url)
-    delayed.install(app)  # the store's transport, the releaser bootstep, revoke
+    # The store's transport and its options, the releaser bootstep, revoke.
+    app.conf.broker_transport = TRANSPORT
+    app.conf.broker_transport_options = {
+        **(app.conf.broker_transport_options or {}),
+        **options.transport_options(app.jobs_settings),
+    }
+    BROKER.install(app)
 
 
 def _results(app: Any, url: str, **extra: Any) -> None:

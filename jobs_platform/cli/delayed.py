@@ -16,19 +16,17 @@ from collections.abc import Iterator
 from typing import Any
 
 import click
-import redis
 from rich.console import Console
 from rich.text import Text
 
+from jobs_platform import brokers
 from jobs_platform.cli import render
 from jobs_platform.cli.bulk import conclude
 from jobs_platform.cli.options import actor_option, json_option, parse_duration
 from jobs_platform.cli.text import check_utf8, printable
 from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.record import parse_time, redact
-from jobs_platform.delayed import options, store
-from jobs_platform.delayed.control import cancel_delayed
-from jobs_platform.urls import masked
+from jobs_platform.delayed import cancel_delayed, store_of
 
 logger = logging.getLogger("jobs_platform.delayed")
 
@@ -90,19 +88,26 @@ def _until(ms: int, now: dt.datetime) -> str:
     return f"{sign}{minutes}m{secs}s" if minutes else f"{sign}{secs}s"
 
 
-def _store(ctx: click.Context) -> tuple[Any, store.Keys]:
+#: How long the commands wait for the broker to answer before saying it does not.
+PING_TIMEOUT_S = 5.0
+
+
+def _store(ctx: click.Context) -> Any:
+    """The app's store of waiting jobs, once its broker has answered."""
     app = ctx.obj.app
-    client = options.client_for(app)
-    try:
-        client.ping()
-    except redis.RedisError as exc:
+    broker = brokers.of(app)
+    store = store_of(app)
+    if store is None:
         raise click.ClickException(
-            f"cannot reach the broker at {masked(str(app.conf.broker_url))}: {exc}"
-        ) from exc
-    return client, options.keys_for(app)
+            f"the {broker.name} broker delays jobs itself: there is no store to read"
+        )
+    ok, said = broker.ping(str(app.conf.broker_url), PING_TIMEOUT_S)
+    if not ok:
+        raise click.ClickException(f"cannot reach the broker: {said}")
+    return store
 
 
-def summary(job: store.DelayedJob) -> dict[str, Any]:
+def summary(job: Any) -> dict[str, Any]:
     """``--json`` of ``list`` (and the head of ``show``)."""
     return {
         "task_id": job.id,
@@ -116,7 +121,7 @@ def summary(job: store.DelayedJob) -> dict[str, Any]:
     }
 
 
-def detail(job: store.DelayedJob, redact_keys: list[str]) -> dict[str, Any]:
+def detail(job: Any, redact_keys: list[str]) -> dict[str, Any]:
     """``summary`` plus the arguments (secrets masked) and the message headers."""
     message = job.message
     headers = dict(message.get("headers") or {})
@@ -179,14 +184,14 @@ def list_(
     as_json: bool,
 ) -> None:
     """Delayed jobs, soonest due first."""
-    client, keys = _store(ctx)
-    selected = list(_select(client, keys, task, queue, due_after, due_before, limit))
+    store = _store(ctx)
+    selected = list(_select(store, task, queue, due_after, due_before, limit))
     if as_json:
         render.emit_json(map(summary, selected))
         return
     now = utcnow()
     out = render.table(
-        f"Delayed jobs ({len(selected)} shown of {store.count(client, keys)} waiting)",
+        f"Delayed jobs ({len(selected)} shown of {store.count()} waiting)",
         ("task id", "due (UTC)", "in", "task", "queue", "priority"),
         right=("in", "priority"),
     )
@@ -207,16 +212,15 @@ def list_(
 
 
 def _select(
-    client: Any,
-    keys: store.Keys,
+    store: Any,
     task: str | None,
     queue: str | None,
     due_after: dt.datetime | None,
     due_before: dt.datetime | None,
     limit: int,
-) -> Iterator[store.DelayedJob]:
+) -> Iterator[Any]:
     found = 0
-    for job in store.scan(client, keys, due_after_ms=_ms(due_after), due_before_ms=_ms(due_before)):
+    for job in store.scan(due_after_ms=_ms(due_after), due_before_ms=_ms(due_before)):
         if (task is None or job.task == task) and (queue is None or job.queue == queue):
             yield job
             found += 1
@@ -230,8 +234,7 @@ def _select(
 @click.pass_context
 def show(ctx: click.Context, task_id: str, as_json: bool) -> None:
     """One delayed job: when it is due, where it goes, its arguments and headers."""
-    client, keys = _store(ctx)
-    job = store.get(client, keys, task_id)
+    job = _store(ctx).get(task_id)
     if job is None:
         raise click.ClickException(
             f"{printable(task_id, multiline=False)} is not delayed "

@@ -10,6 +10,8 @@ from celery import bootsteps
 from celery.worker.components import Pool
 from celery.worker.consumer.events import Events
 
+from jobs_platform import brokers
+from jobs_platform.brokers.interface import Sweep
 from jobs_platform.cooperative.policy import (
     COOPERATIVE_POOLS,
     broker_connections,
@@ -23,41 +25,6 @@ logger = logging.getLogger("jobs_platform.cooperative")
 
 def is_cooperative(pool_cls: Any) -> bool:
     return pool_name(pool_cls) in COOPERATIVE_POOLS
-
-
-class RestoreSweep:
-    """Put messages whose visibility timeout expired back on their queues.
-
-    kombu's Redis transport restores them from the event loop's timer; a worker without
-    one (gevent) only reaches its restore call when a poll returns nothing, which an idle
-    BRPOP (it answers every second) never lets happen (celery/kombu#1025,
-    celery/celery#4968). A fleet of gevent workers would never redeliver a lost message,
-    so they run kombu's own restore on this timer, on a connection of their own.
-    """
-
-    def __init__(self, app: Any) -> None:
-        self.app = app
-        self._connection: Any = None
-
-    def __call__(self) -> None:
-        try:
-            if self._connection is None:
-                self._connection = self.app.connection_for_write()
-            channel = self._connection.default_channel
-            channel.qos.restore_visible(num=channel.unacked_restore_limit, interval=1)
-        except Exception:
-            logger.warning(
-                "jobs.watchdog.restore_failed: expired messages could not be restored now; "
-                "next sweep in one interval",
-                exc_info=True,
-                extra={"event": "jobs.watchdog.restore_failed"},
-            )
-            self.close()
-
-    def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
 
 
 class Cooperative(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -74,7 +41,7 @@ class Cooperative(bootsteps.StartStopStep):  # type: ignore[misc]
         super().__init__(worker, **kwargs)
         self.cooperative = is_cooperative(worker.pool_cls)
         self.monitor: Monitor | None = None
-        self.sweep: RestoreSweep | None = None
+        self.sweep: Sweep | None = None
         if self.cooperative:
             # Before any connection exists: the consumer's is made when it starts.
             conf = worker.app.conf
@@ -94,26 +61,24 @@ class Cooperative(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.cooperative:
             app = worker.app
             settings = app.jobs_settings
-            visibility = float(app.conf.broker_transport_options["visibility_timeout"])
+            broker = brokers.of(app)
             self.monitor = Monitor(
                 broker_url=str(app.conf.broker_url),
                 hostname=str(worker.hostname),
                 grace_s=grace_for(settings.visibility_margin),
-                budget_s=visibility - settings.visibility_margin,
+                budget_s=broker.delivery_timeout(settings).seconds - settings.visibility_margin,
                 default_limit_s=worker.time_limit,
             )
-            self.sweep = RestoreSweep(app)
+            self.sweep = broker.restore_sweep(app)
         return self
 
     def start(self, worker: Any) -> None:
-        if self.monitor is None or self.sweep is None:
+        if self.monitor is None:
             return  # prefork: the pool kills a child at its hard limit
         worker.timer.call_repeatedly(self.monitor.tick_s, self.monitor.beat)
         self.monitor.start()
-        options = worker.app.conf.broker_transport_options
-        worker.timer.call_repeatedly(
-            float(options.get("unacked_restore_interval") or 10), self.sweep
-        )
+        if self.sweep is not None:
+            worker.timer.call_repeatedly(self.sweep.interval_s, self.sweep)
         logger.info(
             "jobs.watchdog.started: jobs past their hard limit + %g s end this worker",
             self.monitor.grace_s,

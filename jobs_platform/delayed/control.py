@@ -15,16 +15,9 @@ from typing import Any
 
 from celery.app.control import Control as CeleryControl
 
-from jobs_platform.delayed import store
-from jobs_platform.delayed.options import client_for, keys_for
+from jobs_platform.delayed import cancel_delayed
 
 logger = logging.getLogger("jobs_platform.delayed")
-
-
-def cancel_delayed(app: Any, task_id: str) -> store.DelayedJob | None:
-    """Remove ``task_id`` from ``app``'s store; the job removed, or ``None`` if not delayed
-    (never stored, already released, or already cancelled)."""
-    return store.cancel(client_for(app), keys_for(app), task_id)
 
 
 class Control(CeleryControl):  # type: ignore[misc]

@@ -18,10 +18,11 @@ Why this shape:
 * One canary in flight per queue (:func:`keys.canary_inflight_key`, with the canary's
   lifetime as TTL): a run that finds one younger than its bound waits on it, one older is
   late at once, and a queue nobody consumes collects at most one canary per lifetime.
-* Priority 0 is the highest on the Redis transport (kombu's base list, served first); it
-  is also the default, so a canary does wait behind a backlog. A late canary is therefore
-  judged with the workers' own numbers (:func:`late_verdict`): every consumer busy (all
-  slots running, or jobs finishing) is a busy queue, not a stuck one.
+* It goes out at the broker's highest priority (``Broker.highest_priority``; on Redis 0,
+  kombu's base list, which is also the default), so a canary does wait behind a backlog.
+  A late canary is therefore judged with the workers' own numbers (:func:`late_verdict`):
+  every consumer busy (all slots running, or jobs finishing) is a busy queue, not a
+  stuck one.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from typing import Any
 
 import redis
 
+from jobs_platform import brokers
 from jobs_platform.health.keys import canary_done_key, canary_inflight_key
 from jobs_platform.process_local import redis_client
 
@@ -45,8 +47,6 @@ CANARY_TASK = "jobs.health.canary"
 #: A canary older than this never reports (its message may still wait in a queue nobody
 #: consumes; when it is finally fetched it does nothing).
 CANARY_LIFETIME_S = 60.0
-#: Highest priority on the Redis transport (lower is sooner).
-CANARY_PRIORITY = 0
 CANARY_TIME_LIMIT_S = 10.0
 
 
@@ -122,7 +122,9 @@ def send_or_join(app: Any, client: redis.Redis, queue: str, *, now: float) -> In
         return current
     fresh = Inflight(queue, uuid.uuid4().hex, now, sent_now=True)
     app.tasks[CANARY_TASK].apply_async(
-        (fresh.id, now + CANARY_LIFETIME_S), queue=queue, priority=CANARY_PRIORITY
+        (fresh.id, now + CANARY_LIFETIME_S),
+        queue=queue,
+        priority=brokers.of(app).highest_priority,
     )
     # Recorded once sent: a canary that never left must not keep later runs waiting on it.
     client.set(canary_inflight_key(queue), fresh.to_json(), ex=int(CANARY_LIFETIME_S))

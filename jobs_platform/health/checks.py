@@ -17,7 +17,8 @@ from typing import Any
 
 import redis
 
-from jobs_platform import history
+from jobs_platform import brokers, history
+from jobs_platform.brokers.interface import QueueState
 from jobs_platform.deadletter.record import parse_time
 from jobs_platform.urls import masked
 
@@ -98,23 +99,9 @@ def _age(seconds: float) -> str:
 # -- 1. broker ---------------------------------------------------------------------------------
 
 
-def broker(url: str, timeout_s: float) -> Check:
-    """Redis PING with short socket timeouts (a black-holed broker fails in ``timeout_s``)."""
-
-    def ping() -> tuple[bool, str]:
-        client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
-        try:
-            start = time.monotonic()
-            client.ping()
-            return True, f"{masked(url)} answered PING in {_ms(time.monotonic() - start)}"
-        except redis.RedisError as exc:
-            return False, f"{masked(url)} does not answer: {describe_error(exc)}"
-        finally:
-            client.close()
-
-    return timed("broker", ping, secrets=passwords(url))
+def broker(app: Any, url: str, timeout_s: float) -> Check:
+    """The broker answers a ping within ``timeout_s`` (a black-holed one fails in it)."""
+    return timed("broker", lambda: brokers.of(app).ping(url, timeout_s), secrets=passwords(url))
 
 
 # -- 2. database -------------------------------------------------------------------------------
@@ -319,36 +306,17 @@ def objectives(settings: Any) -> dict[str, float]:
     return {str(q): float(s) for q, s in settings.queue_objectives.items()}
 
 
-def enqueued_at(raw: str | bytes | None) -> dt.datetime | None:
-    """The ``jobs_enqueued_at`` stamp of a kombu Redis message (``None``: none readable)."""
-    if raw is None:
-        return None
-    try:
-        message = json.loads(raw)
-    except ValueError:
-        return None
-    headers = message.get("headers") if isinstance(message, dict) else None
-    if not isinstance(headers, dict):
-        return None
-    return parse_time(headers.get(history.ENQUEUED_HEADER))
-
-
-def backlog_verdict(
-    depth: int,
-    tails: Sequence[str | bytes | None],
-    now: dt.datetime,
-    objective_s: float,
-) -> tuple[bool, str]:
-    """``tails`` are the oldest message of each priority sub-list (each is FIFO)."""
+def backlog_verdict(state: QueueState, now: dt.datetime, objective_s: float) -> tuple[bool, str]:
+    """Within its objective if the oldest waiting job is younger than ``objective_s``."""
+    depth = state.length
     if depth == 0:
         return True, f"empty (objective {_age(objective_s)})"
-    stamps = [s for s in map(enqueued_at, tails) if s is not None]
-    if not stamps:
+    if state.oldest_enqueued_at is None:
         return True, (
             f"{depth} waiting; the oldest carry no {history.ENQUEUED_HEADER} stamp "
             "(not sent by ReliableTask): age unknown"
         )
-    age = max(0.0, (now - min(stamps)).total_seconds())
+    age = max(0.0, now.timestamp() - state.oldest_enqueued_at)
     if age > objective_s:
         return False, (
             f"oldest waiting job {_age(age)} old, objective {_age(objective_s)} ({depth} waiting)"
@@ -359,33 +327,18 @@ def backlog_verdict(
 def backlog(
     app: Any, queues: Sequence[str], goals: Mapping[str, float], now: Callable[[], dt.datetime]
 ) -> list[Check]:
-    """One check per queue, reading every priority sub-list's oldest message in one pipeline.
-
-    kombu's own channel names the sub-lists (its priority steps, separator and key prefix
-    from the app's transport options), so this reads exactly what workers consume.
-    """
+    """One check per queue, from the broker's reading of its queues (the reader the
+    exporter uses: every priority sub-list on Redis)."""
     start = time.monotonic()
     try:
-        with app.connection_for_read() as conn:
-            channel = conn.default_channel
-            keys = {q: [channel._q_for_pri(q, p) for p in channel.priority_steps] for q in queues}
-            pipe = channel.client.pipeline(transaction=False)
-            for names in keys.values():
-                for key in names:
-                    pipe.llen(key)
-                    pipe.lindex(key, -1)  # LPUSHed, BRPOPed: the tail is the oldest
-            values = iter(pipe.execute())
+        states = brokers.of(app).queue_states(app, queues)
     except Exception as exc:
         detail = one_line(describe_error(exc), passwords(app.conf.broker_url or ""))
         return [Check(f"backlog:{q}", False, detail, time.monotonic() - start) for q in queues]
     moment = now()
     out = []
-    for queue, names in keys.items():
-        depth, tails = 0, []
-        for _ in names:
-            depth += int(next(values) or 0)
-            tails.append(next(values))
-        ok, detail = backlog_verdict(depth, tails, moment, goals[queue])
+    for queue in queues:
+        ok, detail = backlog_verdict(states[queue], moment, goals[queue])
         out.append(Check(f"backlog:{queue}", ok, detail, time.monotonic() - start))
     return out
 

@@ -102,7 +102,7 @@ def run(
     if "database" in selected:
         url = settings.database_url
         jobs.append((["database"], Background(lambda: [checks.database(url)])))
-    results, on_broker = _ping_first(settings.broker_url, selected, queues, budget)
+    results, on_broker = _ping_first(app, settings.broker_url, selected, queues, budget)
     if on_broker:
         client = redis.Redis.from_url(
             settings.broker_url,
@@ -118,14 +118,14 @@ def run(
 
 
 def _ping_first(
-    url: str, selected: Sequence[str], queues: Sequence[str], budget: Budget
+    app: Any, url: str, selected: Sequence[str], queues: Sequence[str], budget: Budget
 ) -> tuple[dict[str, Check], list[str]]:
     """The broker's line (if selected) and the broker checks still worth running."""
     results: dict[str, Check] = {}
     on_broker = [c for c in selected if c in ON_BROKER]
     if "broker" not in selected and not on_broker:
         return results, []
-    ping = checks.broker(url, budget.ping_s)
+    ping = checks.broker(app, url, budget.ping_s)
     if "broker" in selected:
         results["broker"] = ping
     if not ping.ok:

@@ -3,11 +3,12 @@ scrapes, at a cost that does not grow with the backlog.
 
 Per scrape:
 
-- Redis, 4 round trips: queue depths and oldest stamps (:mod:`.queues`, 2 commands per
-  priority sub-list); in flight (``HLEN``, ``ZRANGE``, ``HMGET`` of at most
-  :data:`~.queues.INFLIGHT_SCAN_LIMIT` entries); then one pipeline for the counters hash
-  (``HGETALL``, one field per series), the live-workers hash, the spool lists (``LLEN``),
-  the delayed store (``ZCARD``, ``ZRANGE 0 0 WITHSCORES``) and beat's ticks (``HGETALL``);
+- the broker (:meth:`~jobs_platform.brokers.interface.Broker.queue_states`, ``inflight``
+  and its delayed store; on Redis 4 round trips: 2 commands per priority sub-list; ``HLEN``,
+  ``ZRANGE``, ``HMGET`` of at most ``INFLIGHT_SCAN_LIMIT`` entries; ``ZCARD`` and
+  ``ZRANGE 0 0 WITHSCORES`` of the store);
+- Redis, one pipeline: the counters hash (``HGETALL``, one field per series), the
+  live-workers hash, the spool lists (``LLEN``) and beat's ticks (``HGETALL``);
 - the database, one query: ``SELECT status, reason, count(*), max(failed_at) ... GROUP BY
   status, reason`` over the dead-letter table.
 
@@ -33,8 +34,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from jobs_platform import brokers
+from jobs_platform.clock import unix_time
 from jobs_platform.metrics import counters, keys, names
-from jobs_platform.metrics.queues import BrokerLayout, read_inflight, read_queues, unix_time
 
 logger = logging.getLogger("jobs_platform.metrics")
 
@@ -47,8 +49,6 @@ WORKER_LATE_SLACK_S = 5.0
 WORKER_RETENTION_S = 3600.0
 #: A failing source is logged when it starts failing, then at most this often.
 ERROR_LOG_INTERVAL_S = 300.0
-#: The delayed store's score is Unix seconds; a score above this is taken as milliseconds.
-_MS_THRESHOLD = 1e11
 
 _BUCKET_EDGES = counters.BUCKET_LABELS
 
@@ -57,11 +57,12 @@ _BUCKET_EDGES = counters.BUCKET_LABELS
 class Sources:
     """What the collector reads, and where."""
 
+    #: The app whose broker's queues and delayed store are read.
+    app: Any
+    queues: tuple[str, ...]
     redis_url: str
     database_url: str | None
-    layout: BrokerLayout
     spool_key: str
-    delayed_key: str
     beat_ticks_key: str
     beat_skipped_key: str
     worker_late_s: float
@@ -72,11 +73,11 @@ class Sources:
         interval = counters.flush_interval(settings)
         ticks_key, skipped_key = keys.beat_keys()
         return cls(
+            app=app,
+            queues=tuple(q.name for q in (app.conf.task_queues or ())),
             redis_url=str(app.conf.broker_url),
             database_url=settings.database_url,
-            layout=BrokerLayout.from_app(app),
             spool_key=settings.dlq_spool_key,
-            delayed_key=keys.delayed_key(app),
             beat_ticks_key=ticks_key,
             beat_skipped_key=skipped_key,
             worker_late_s=WORKER_LATE_INTERVALS * interval + WORKER_LATE_SLACK_S,
@@ -153,7 +154,7 @@ class JobsCollector(Collector):
     def _from_redis(self, now: float) -> list[Metric]:
         src = self.sources
         client = self.client
-        families = self._queue_families(client, now)
+        families = self._queue_families(now)
         pipe = client.pipeline(transaction=False)
         pipe.hgetall(keys.COUNTERS_KEY)
         pipe.hgetall(keys.WORKERS_KEY)
@@ -164,41 +165,42 @@ class JobsCollector(Collector):
         }
         for key in spool_lists.values():
             pipe.llen(key)
-        pipe.zcard(src.delayed_key)
-        pipe.zrange(src.delayed_key, 0, 0, withscores=True)
         pipe.hgetall(src.beat_ticks_key)
         pipe.hgetall(src.beat_skipped_key)
         replies = pipe.execute()
-        recorded, seen, *depths, delayed, next_due, ticks, skipped = replies
+        recorded, seen, *depths, ticks, skipped = replies
         families.extend(counter_families(recorded))
         families.append(self._workers(client, seen, now))
         spool = _gauge(names.DEAD_LETTER_SPOOL_DEPTH)
         for label, depth in zip(spool_lists, depths, strict=True):
             spool.add_metric([label], float(depth))
         families.append(spool)
-        families.append(_gauge(names.DELAYED_DEPTH, float(delayed)))
-        due = float(next_due[0][1]) if next_due else None
-        if due is not None and due > _MS_THRESHOLD:
-            due /= 1000  # a store that scores in milliseconds
-        families.append(_gauge(names.DELAYED_NEXT_DUE, due))  # no sample when empty
+        store = brokers.of(src.app).delayed_store(src.app)
+        if store is not None:
+            delayed, due = store.next_due_s()
+            families.append(_gauge(names.DELAYED_DEPTH, float(delayed)))
+            families.append(_gauge(names.DELAYED_NEXT_DUE, due))  # no sample when empty
         families.append(_beat_ticks(ticks))
         families.append(_beat_skipped(skipped))
         return families
 
-    def _queue_families(self, client: Any, now: float) -> list[Metric]:
-        layout = self.sources.layout
+    def _queue_families(self, now: float) -> list[Metric]:
+        src = self.sources
+        broker = brokers.of(src.app)
         length, oldest = _gauge(names.QUEUE_LENGTH), _gauge(names.QUEUE_OLDEST_AGE)
-        for queue, state in read_queues(client, layout).items():
+        for queue, state in broker.queue_states(src.app, src.queues).items():
             length.add_metric([queue], float(state.length))
             if state.length == 0:
                 oldest.add_metric([queue], 0.0)
             elif state.oldest_enqueued_at is not None:
                 oldest.add_metric([queue], max(0.0, now - state.oldest_enqueued_at))
-        inflight = read_inflight(client, layout)
+        inflight = broker.inflight(src.app)
+        if inflight is None:  # the broker cannot tell
+            return [length, oldest]
         count, age = _gauge(names.INFLIGHT), _gauge(names.INFLIGHT_OLDEST_AGE)
         for queue, n in inflight.by_queue.items():
             count.add_metric([queue], float(n))
-            if queue in layout.queues or queue in inflight.oldest_fetched_at:
+            if queue in src.queues or queue in inflight.oldest_fetched_at:
                 fetched = inflight.oldest_fetched_at.get(queue)
                 age.add_metric([queue], 0.0 if fetched is None else max(0.0, now - fetched))
         return [length, oldest, count, age]

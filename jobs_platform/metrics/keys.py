@@ -11,34 +11,20 @@ are used only when those modules are not there (an absent key reads as empty):
 
 - the dead-letter spool (``JOBS_DLQ_SPOOL_KEY``) and its ``:rejected`` / ``:unreadable``
   side lists (:mod:`jobs_platform.deadletter.spool`);
-- the delayed store's due index, :func:`delayed_key` (sorted set: task id -> due time in
-  ms since the epoch; :mod:`jobs_platform.delayed.store`);
 - beat's ticks, :func:`beat_keys` (hash: entry -> ISO time of the leader's last tick) and
   skip counts (hash: ``<reason>:<entry>`` -> slots skipped; :mod:`jobs_platform.schedule.state`).
 
-kombu's own keys (queue lists and their priority sub-lists, ``unacked``,
-``unacked_index``) come from the app's transport options (:mod:`.queues`).
+The broker's own structures (queues, in flight, the delayed store) are read through the
+broker (:mod:`jobs_platform.brokers`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 COUNTERS_KEY = "jobs:metrics:counters"
 WORKERS_KEY = "jobs:metrics:workers"
 
-DEFAULT_DELAYED_KEY = "jobs:delayed:due"
 DEFAULT_BEAT_TICKS_KEY = "jobs:beat:ticks"
 DEFAULT_BEAT_SKIPPED_KEY = "jobs:beat:skipped"
-
-
-def delayed_key(app: Any) -> str:
-    """The delayed store's due index for ``app`` (its key prefix is a transport option)."""
-    try:
-        from jobs_platform.delayed.options import keys_for
-    except ImportError:
-        return DEFAULT_DELAYED_KEY
-    return str(keys_for(app).due)
 
 
 def beat_keys() -> tuple[str, str]:

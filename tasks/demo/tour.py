@@ -33,13 +33,13 @@ from typing import Any
 import redis
 import sqlalchemy as sa
 
+from jobs_platform.brokers.redis.delayed import cancel as delayed_cancel
+from jobs_platform.brokers.redis.delayed import get as delayed_get
+from jobs_platform.brokers.redis.layout import BrokerLayout
+from jobs_platform.brokers.redis.options import keys_for
 from jobs_platform.deadletter.alerts import EVENT as ALERT_EVENT
 from jobs_platform.deadletter.store import DeadLetterStore, Filter
-from jobs_platform.delayed.options import keys_for
-from jobs_platform.delayed.store import cancel as delayed_cancel
-from jobs_platform.delayed.store import get as delayed_get
 from jobs_platform.idempotency import unique
-from jobs_platform.metrics.queues import BrokerLayout
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
 from tasks import billing, email, media, reminders, shop

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 import redis
 
-from jobs_platform.delayed import options, store
+from jobs_platform.brokers.redis import delayed as store
+from jobs_platform.brokers.redis import options
 from jobs_platform.testing import RedisServer, WorkerProcess, wait_for
 from tests.acceptance.conftest import ROOT, copies_in_broker, runs, wait_state
 from tests.support.delayed_app import (

@@ -1,4 +1,4 @@
-"""A worker SIGKILLed while it takes a message loses nothing (jobs_platform.fetch).
+"""A worker SIGKILLed while it takes a message loses nothing (jobs_platform.brokers.redis.fetch).
 
 Real workers (prefork -c 2) on a private redis-server with a 10 s visibility timeout:
 

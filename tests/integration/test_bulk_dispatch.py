@@ -19,12 +19,13 @@ from typing import Any
 import pytest
 import redis
 
+from jobs_platform.brokers.redis import options as delayed_options
+from jobs_platform.brokers.redis.delayed import count as stored_count
+from jobs_platform.brokers.redis.delayed import get as stored
+from jobs_platform.brokers.redis.publish import PipelinedSession
 from jobs_platform.bulk import BulkDispatchError
 from jobs_platform.bulk import messages as bulk_messages
 from jobs_platform.bulk import publish as bulk_publish
-from jobs_platform.delayed import options as delayed_options
-from jobs_platform.delayed.store import count as stored_count
-from jobs_platform.delayed.store import get as stored
 from jobs_platform.history import ENQUEUED_HEADER
 from jobs_platform.testing import RedisServer, WorkerProcess, wait_for
 from tests.support.bulk_app import declare, make_app
@@ -272,7 +273,7 @@ def test_broker_dying_mid_bulk_leaves_an_exact_account(
 ) -> None:
     monkeypatch.setattr(bulk_publish, "CHUNK", 10)
     flushes: list[int] = []
-    flush = bulk_publish.Sink.flush
+    flush = PipelinedSession.flush
 
     def flush_then_die(sink: Any) -> None:
         if len(flushes) == 2:
@@ -280,7 +281,7 @@ def test_broker_dying_mid_bulk_leaves_an_exact_account(
         flushes.append(1)
         flush(sink)
 
-    monkeypatch.setattr(bulk_publish.Sink, "flush", flush_then_die)
+    monkeypatch.setattr(PipelinedSession, "flush", flush_then_die)
     try:
         with pytest.raises(BulkDispatchError) as failed:
             app.t.record.delay_many([("k", n) for n in range(45)])

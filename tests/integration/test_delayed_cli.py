@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import redis
 
-from jobs_platform.delayed import options, store
+from jobs_platform.brokers.redis import delayed as store
+from jobs_platform.brokers.redis import options
 from jobs_platform.testing import RedisServer
 from tests.support.delayed_app import declare, make_app
 

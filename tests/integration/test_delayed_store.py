@@ -19,8 +19,8 @@ import pytest
 import redis
 from kombu.transport import redis as kombu_redis
 
-from jobs_platform.delayed import options
-from jobs_platform.delayed.store import (
+from jobs_platform.brokers.redis import options
+from jobs_platform.brokers.redis.delayed import (
     DelayedJob,
     Keys,
     cancel,
@@ -260,7 +260,7 @@ def test_scan_pages_by_due_time_through_many_jobs_due_at_the_same_moment(
 
 RACER = """
 import sys, redis
-from jobs_platform.delayed.store import Keys, release_due
+from jobs_platform.brokers.redis.delayed import Keys, release_due
 client = redis.Redis.from_url(sys.argv[1])
 keys = Keys(sys.argv[2])
 print("ready", flush=True)

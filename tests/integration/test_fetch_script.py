@@ -23,8 +23,8 @@ from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps, loads
 
-from jobs_platform import fetch
-from jobs_platform.fetch import KillSafeFetch
+from jobs_platform.brokers.redis import fetch
+from jobs_platform.brokers.redis.fetch import KillSafeFetch
 from jobs_platform.testing import RedisServer, wait_for
 
 pytestmark = pytest.mark.integration
@@ -318,7 +318,7 @@ def test_a_server_out_of_memory_keeps_consuming(
     for n in range(3):
         publish(server.url, FAST, {"n": n})
     with (
-        caplog.at_level(logging.WARNING, "jobs_platform.fetch"),
+        caplog.at_level(logging.WARNING, "jobs_platform.brokers.redis.fetch"),
         Connection(server.url, transport=Transport) as conn,
         Consumer(conn.channel(), [FAST], callbacks=[lambda b, m: got.append(b)]),
     ):
@@ -348,7 +348,7 @@ def test_an_older_server_gets_kombus_brpop_and_a_warning(
     monkeypatch.setattr(fetch, "server_version", lambda text: (6, 0, 9))
     got: list[Any] = []
     with (
-        caplog.at_level(logging.WARNING, "jobs_platform.fetch"),
+        caplog.at_level(logging.WARNING, "jobs_platform.brokers.redis.fetch"),
         Connection(server.url, transport=Transport) as conn,
         Consumer(conn.channel(), [FAST], callbacks=[lambda b, m: (got.append(b), m.ack())]),
     ):
@@ -366,9 +366,9 @@ def test_on_the_platforms_transport_a_refused_item_is_dead_lettered_and_not_kept
     raw: redis.Redis, server: RedisServer, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from jobs_platform import create_app
+    from jobs_platform.brokers.redis.transport import Transport as PlatformTransport
     from jobs_platform.deadletter import envelope, rawpoison
     from jobs_platform.deadletter.record import DeadLetter
-    from jobs_platform.delayed.transport import Transport as PlatformTransport
 
     app = create_app(
         "fetchtest", broker_url=server.url, database_url=f"sqlite:///{tmp_path}/jobs.sqlite3"
@@ -394,11 +394,12 @@ def test_on_the_platforms_transport_a_refused_item_is_dead_lettered_and_not_kept
 
 
 def test_the_platforms_channel_keeps_the_qos_that_skips_the_second_write() -> None:
-    from jobs_platform.delayed.transport import Transport as PlatformTransport
-    from jobs_platform.fetch import KillSafeQoS
+    from jobs_platform.brokers.redis.fetch import KillSafeQoS
+    from jobs_platform.brokers.redis.transport import Transport as PlatformTransport
 
     qos = PlatformTransport.Channel.QoS
     assert issubclass(qos, KillSafeQoS), (
-        f"{qos.__qualname__} does not derive from jobs_platform.fetch.KillSafeQoS: every "
-        "message would be written to unacked twice (derive from both QoS classes)"
+        f"{qos.__qualname__} does not derive from jobs_platform.brokers.redis.fetch"
+        ".KillSafeQoS: every message would be written to unacked twice (derive from both "
+        "QoS classes)"
     )

@@ -20,13 +20,14 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from jobs_platform import ReliableTask, create_app
 from jobs_platform import db as platform_db
+from jobs_platform.brokers.redis.layout import UNSCANNED, BrokerLayout, read_inflight
+from jobs_platform.brokers.redis.options import keys_for
 from jobs_platform.cli.metrics import metrics as metrics_command
 from jobs_platform.clock import utc_iso
 from jobs_platform.deadletter.store import DeadLetterStore
 from jobs_platform.metrics import exporter, keys, names
 from jobs_platform.metrics.collector import WORKER_RETENTION_S, JobsCollector, Sources
 from jobs_platform.metrics.counters import BUCKET_LABELS, Recorder
-from jobs_platform.metrics.queues import UNSCANNED, BrokerLayout, read_inflight
 from jobs_platform.testing import RedisServer, dead_letter, free_port
 from tests.support.metrics_app import family_names, samples, value
 
@@ -220,7 +221,7 @@ def test_spool_delayed_store_and_beat_ticks(app: Any, client: redis.Redis) -> No
     spool = app.jobs_settings.dlq_spool_key
     client.rpush(spool, "a", "b")
     client.rpush(f"{spool}:rejected", "c")
-    due = keys.delayed_key(app)
+    due = keys_for(app).due
     client.zadd(due, {"job-1": (NOW + 120) * 1000, "job-2": (NOW + 60) * 1000})  # ms
     ticks, skipped = keys.beat_keys()
     client.hset(skipped, mapping={"overlap:nightly-report": 2, "missed:nightly-report": 1})

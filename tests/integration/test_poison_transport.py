@@ -22,9 +22,9 @@ import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from jobs_platform import create_app
+from jobs_platform.brokers.redis.transport import Transport
 from jobs_platform.deadletter import envelope, rawpoison
 from jobs_platform.deadletter.record import DeadLetter
-from jobs_platform.delayed.transport import Transport
 from jobs_platform.testing import RedisServer, wait_for
 
 pytestmark = pytest.mark.integration

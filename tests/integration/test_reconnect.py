@@ -3,7 +3,7 @@
 After a broker outage Celery collects the dead kombu connection, which detaches it from its
 transport, and then closes it; jobs fetched before the outage are acknowledged afterwards.
 With kombu 5.7 alone both raise ``AttributeError`` out of the consumer ("Unrecoverable
-error": the worker exits) (jobs_platform.reconnect).
+error": the worker exits) (jobs_platform.brokers.redis.reconnect).
 
 Celery also cancels the jobs running at that moment; their messages must stay
 unacknowledged so that they are delivered again (jobs_platform.deadletter.hooks). Those
@@ -29,8 +29,8 @@ from billiard.exceptions import Terminated
 from kombu import Connection, Exchange, Producer, Queue
 
 from jobs_platform import ReliableTask, create_app
+from jobs_platform.brokers.redis.transport import Transport
 from jobs_platform.deadletter.hooks import DeadLetterRequest
-from jobs_platform.delayed.transport import Transport
 from jobs_platform.testing import RedisServer
 
 pytestmark = pytest.mark.integration

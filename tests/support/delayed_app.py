@@ -17,7 +17,6 @@ from typing import Any
 from celery import Celery
 
 from jobs_platform import create_app
-from jobs_platform.delayed import install
 from tests.support.recording import record
 
 VISIBILITY_TIMEOUT = 6.0
@@ -28,7 +27,7 @@ BARE_QUEUE = "bare"
 
 
 def make_app(broker_url: str | None = None) -> Any:
-    """The platform's app with the store wired in (``install`` is idempotent)."""
+    """The platform's app (on Redis, its broker wires the store in)."""
     overrides: dict[str, Any] = {} if broker_url is None else {"broker_url": broker_url}
     made = create_app(
         "delayedapp",
@@ -37,7 +36,6 @@ def make_app(broker_url: str | None = None) -> Any:
         unacked_restore_interval=1.0,
         **overrides,
     )
-    install(made)
     return made
 
 

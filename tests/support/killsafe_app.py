@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from jobs_platform import ReliableTask, create_app
-from jobs_platform.delayed import transport
+from jobs_platform.brokers.redis import transport
 from tests.support.recording import client
 
 app = create_app(

@@ -1,4 +1,4 @@
-"""The pure parts of the kill-safe fetch (jobs_platform.fetch): no broker.
+"""The pure parts of the kill-safe fetch (jobs_platform.brokers.redis.fetch): no broker.
 
 Which script a server gets, the lists a fetch looks at and in which order, how a reply is
 read, and QoS.append leaving Redis alone for the message the fetch recorded.
@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from kombu.transport import redis as kombu_redis
 
-from jobs_platform import fetch
-from jobs_platform.fetch import KillSafeQoS
+from jobs_platform.brokers.redis import fetch
+from jobs_platform.brokers.redis.fetch import KillSafeQoS
 
 SEP = kombu_redis.Channel.sep
 

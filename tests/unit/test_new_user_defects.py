@@ -182,16 +182,18 @@ def test_cpu_quota_comes_from_the_cgroup_not_the_host(tmp_path: Path) -> None:
 def test_a_retry_publish_that_failed_on_a_dead_broker_is_still_seen_as_broker_down() -> None:
     """The worker requeues (instead of dead-lettering) a retry whose publish failed because
     the broker was unreachable; dispatch now wraps that failure in a DispatchError."""
-    from jobs_platform.dispatch import caused_by_connection_error
+    from jobs_platform import brokers
+    from jobs_platform.dispatch import broker_down
 
+    redis_broker = brokers.for_url("redis://127.0.0.1:6379/0")
     try:
         try:
             raise ConnectionRefusedError(111, "Connection refused")
         except ConnectionRefusedError as refused:
             raise DispatchError("the broker did not answer") from refused
     except DispatchError as wrapped:
-        assert caused_by_connection_error(wrapped)
-    assert not caused_by_connection_error(DispatchError("arguments must be JSON"))
+        assert broker_down(redis_broker, wrapped)
+    assert not broker_down(redis_broker, DispatchError("arguments must be JSON"))
 
 
 def test_binding_again_keeps_what_was_declared() -> None:

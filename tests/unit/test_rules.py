@@ -136,8 +136,6 @@ def test_start_up_rules() -> None:
         rules.check_prefetch(4)
     with pytest.raises(ConfigError, match=r"-Q/-X nope: no such queue; the queues are fast"):
         rules.check_queue_selection(["fast", "nope"], ["fast", "heavy"])
-    with pytest.raises(ConfigError, match="differs from JOBS_VISIBILITY_TIMEOUT"):
-        rules.check_live_visibility(30, 3600)
 
 
 def test_dispatch_rules() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from jobs_platform.delayed.divert import due_ms, eta_of, hard_limit_of
+from jobs_platform.brokers.redis.divert import due_ms, eta_of, hard_limit_of
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.UTC)
 VT = 6.0

@@ -1,5 +1,5 @@
-"""install() makes a Redis broker use the diverting transport (the URL unchanged), puts
-the store's settings where the transport reads them, and revoke reaches the store."""
+"""The Redis broker makes an app use the diverting transport (the URL unchanged), puts the
+store's settings where the transport reads them, and revoke reaches the store."""
 
 from __future__ import annotations
 
@@ -9,18 +9,22 @@ from typing import Any
 import pytest
 from kombu.transport import redis as kombu_redis
 
-from jobs_platform import create_app
-from jobs_platform.delayed import CONTROL, RELEASER_STEP, TRANSPORT, celery_config, install
+from jobs_platform import create_app, delayed
+from jobs_platform.brokers.memory import BROKER as MEMORY
+from jobs_platform.brokers.redis import BROKER, CONTROL, RELEASER_STEP, TRANSPORT
+from jobs_platform.brokers.redis.delayed import DEFAULT_PREFIX
+from jobs_platform.brokers.redis.options import MARGIN, PREFIX, keys_for
+from jobs_platform.brokers.redis.transport import Channel, Transport
 from jobs_platform.delayed import control as control_module
-from jobs_platform.delayed.options import MARGIN, PREFIX, keys_for
-from jobs_platform.delayed.store import DEFAULT_PREFIX
-from jobs_platform.delayed.transport import Channel, Transport
+from jobs_platform.settings import Settings
 
 
 def installed(**overrides: Any) -> Any:
-    app = create_app("unit-delayed", **overrides)
-    install(app)
-    return app
+    return create_app("unit-delayed", **overrides)
+
+
+def config(url: str) -> dict[str, Any]:
+    return BROKER.celery_config(Settings(broker_url=url))
 
 
 def test_a_redis_broker_keeps_its_url_and_gets_the_diverting_transport() -> None:
@@ -42,7 +46,7 @@ def test_a_redis_broker_keeps_its_url_and_gets_the_diverting_transport() -> None
 def test_install_twice_changes_nothing() -> None:
     app = installed()
     before = (dict(app.conf.broker_transport_options), set(app.steps["worker"]))
-    install(app)
+    BROKER.install(app)
     assert (dict(app.conf.broker_transport_options), set(app.steps["worker"])) == before
 
 
@@ -53,16 +57,20 @@ def test_the_channel_reads_the_margin_and_prefix_from_the_transport_options() ->
 
 def test_rediss_keeps_tls_when_the_transport_is_named() -> None:
     # kombu switches TLS on from the scheme only when it picks the transport itself.
-    assert celery_config("rediss://h:6380/0")["broker_use_ssl"] == {"ssl_cert_reqs": ssl.CERT_NONE}
-    assert "broker_use_ssl" not in celery_config("rediss://h/0?ssl_cert_reqs=required")
-    assert "broker_use_ssl" not in celery_config("rediss://h/0", broker_use_ssl={"x": 1})
-    assert "broker_use_ssl" not in celery_config("redis://h/0")
+    assert config("rediss://h:6380/0")["broker_use_ssl"] == {"ssl_cert_reqs": ssl.CERT_NONE}
+    assert "broker_use_ssl" not in config("rediss://h/0?ssl_cert_reqs=required")
+    assert "broker_use_ssl" not in config("redis://h/0")
     app = installed(broker_url="rediss://127.0.0.1:6380/0")
     assert app.connection_for_write().ssl
 
 
 def test_an_in_process_broker_is_left_alone() -> None:
-    assert celery_config("memory://") == {}
+    made = MEMORY.celery_config(Settings(broker_url="memory://"))
+    assert "broker_transport" not in made
+    assert not {MARGIN, PREFIX} & set(made["broker_transport_options"])
+    app = installed(broker_url="memory://")
+    assert RELEASER_STEP not in app.steps["worker"] and app.control_cls != CONTROL
+    assert delayed.store_of(app) is None and delayed.cancel_delayed(app, "x") is None
 
 
 def test_revoke_cancels_every_id_in_the_store_then_does_celerys_revoke(

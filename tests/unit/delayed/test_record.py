@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from jobs_platform.delayed.store import STORE, DelayedJob, Keys, store_args
+from jobs_platform.brokers.redis.delayed import STORE, DelayedJob, Keys, store_args
 
 
 def job(payload: str) -> DelayedJob:

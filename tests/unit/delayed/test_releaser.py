@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from kombu.utils.imports import symbol_by_name
 
-from jobs_platform.delayed import CONTROL, RELEASER_STEP, TRANSPORT, releaser
-from jobs_platform.delayed.releaser import ReleaserStep, release_interval
-from jobs_platform.delayed.store import Released
+from jobs_platform.brokers.redis import CONTROL, RELEASER_STEP, TRANSPORT, releaser
+from jobs_platform.brokers.redis.delayed import Released
+from jobs_platform.brokers.redis.releaser import ReleaserStep, release_interval
 from jobs_platform.settings import Settings
 from jobs_platform.testing import wait_for
 

@@ -9,6 +9,8 @@ import pytest
 from celery.schedules import crontab
 
 from jobs_platform import history
+from jobs_platform.brokers.interface import QueueState
+from jobs_platform.brokers.redis import layout
 from jobs_platform.clock import utc_iso
 from jobs_platform.health import checks
 from jobs_platform.health.checks import Check
@@ -147,17 +149,22 @@ def message(stamp: dt.datetime | None) -> str:
 
 
 def test_the_oldest_stamp_of_every_sub_list_counts() -> None:
+    # The broker's reader takes the oldest stamp among the tails of a queue's sub-lists.
     tails = [message(ago(5)), None, message(ago(120)), message(None)]
-    ok, detail = checks.backlog_verdict(9, tails, NOW, 60.0)
+    stamps = [s for s in map(layout.enqueued_at, tails) if s is not None]
+    state = QueueState(9, min(stamps))
+    ok, detail = checks.backlog_verdict(state, NOW, 60.0)
     assert not ok
     assert detail == "oldest waiting job 120 s old, objective 60 s (9 waiting)"
-    ok, detail = checks.backlog_verdict(9, tails, NOW, 900.0)
+    ok, detail = checks.backlog_verdict(state, NOW, 900.0)
     assert ok and detail == "9 waiting, oldest 120 s (objective 900 s)"
 
 
 def test_an_empty_queue_or_unstamped_messages_pass() -> None:
-    assert checks.backlog_verdict(0, [None] * 4, NOW, 60.0) == (True, "empty (objective 60 s)")
-    ok, detail = checks.backlog_verdict(2, [message(None), "garbage"], NOW, 60.0)
+    empty = QueueState(0, None)
+    assert checks.backlog_verdict(empty, NOW, 60.0) == (True, "empty (objective 60 s)")
+    assert [layout.enqueued_at(t) for t in (message(None), "garbage")] == [None, None]
+    ok, detail = checks.backlog_verdict(QueueState(2, None), NOW, 60.0)
     assert ok and "age unknown" in detail
 
 

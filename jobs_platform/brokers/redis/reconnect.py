@@ -30,13 +30,13 @@ from typing import Any
 
 import redis
 
-from jobs_platform.fetch import KillSafeQoS
+from jobs_platform.brokers.redis.fetch import KillSafeQoS
 
 logger = logging.getLogger("jobs_platform.broker")
 
 
 class QoS(KillSafeQoS):
-    """The kill-safe QoS (:mod:`jobs_platform.fetch`) whose restore at close gives way
+    """The kill-safe QoS (:mod:`.fetch`) whose restore at close gives way
     when the connection is gone."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -1,21 +1,29 @@
-"""The store's settings as every part reads them: from the app's broker transport options.
+"""The delayed store's settings as every part reads them: from the broker transport options.
 
 The transport only sees kombu's transport options, so those are the one source: the
-releaser, revoke and the CLI read the same two entries (set by
-:func:`jobs_platform.delayed.install`), and nobody can disagree about the key prefix.
+releaser, revoke and the CLI read the same two entries (put there by the broker's
+``celery_config``), and nobody can disagree about the key prefix.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from jobs_platform.delayed.store import DEFAULT_PREFIX, Keys
+from jobs_platform.brokers.redis.delayed import DEFAULT_PREFIX, Keys
 from jobs_platform.process_local import redis_client
 
 #: Transport option: seconds kept below the visibility timeout (``JOBS_VISIBILITY_MARGIN``).
 MARGIN = "jobs_delay_margin"
 #: Transport option: the store's Redis key prefix.
 PREFIX = "jobs_delayed_prefix"
+
+
+def transport_options(settings: Any) -> dict[str, Any]:
+    """The entries the store adds to ``broker_transport_options``."""
+    return {
+        MARGIN: float(settings.visibility_margin),
+        PREFIX: str(settings.delayed_key_prefix),
+    }
 
 
 def keys_for(app: Any) -> Keys:

@@ -17,8 +17,8 @@ from typing import Any
 
 from celery import bootsteps
 
-from jobs_platform.delayed.options import client_for, keys_for
-from jobs_platform.delayed.store import Released, release_due
+from jobs_platform.brokers.redis.delayed import Released, release_due
+from jobs_platform.brokers.redis.options import client_for, keys_for
 
 logger = logging.getLogger("jobs_platform.delayed")
 

@@ -8,9 +8,10 @@ priority, headers), to be released when due (:mod:`.releaser`). Everything else 
 kombu's own code path.
 
 The URL stays ``redis://`` (or ``rediss://``): Celery's ``broker_transport`` setting names
-this class (:func:`jobs_platform.delayed.install`). Its channel is also the one that
-refuses bad input in a queue without stopping the worker
-(:class:`~jobs_platform.deadletter.rawpoison.PoisonGuardChannel`).
+this class (:meth:`jobs_platform.brokers.redis.RedisBroker.celery_config`). Its channel is
+also the one that takes messages kill-safe (:mod:`.fetch`), keeps held jobs when the
+connection dies (:mod:`.reconnect`) and refuses bad input in a queue without stopping the
+worker (:mod:`.poison`).
 """
 
 from __future__ import annotations
@@ -20,17 +21,15 @@ from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
-from jobs_platform import reconnect
-from jobs_platform.deadletter.rawpoison import PoisonGuardChannel
-from jobs_platform.delayed import divert, options
-from jobs_platform.delayed.store import DEFAULT_PREFIX, DelayedJob, Keys, store_args
-from jobs_platform.fetch import KillSafeFetch
+from jobs_platform.brokers.redis import divert, options, reconnect
+from jobs_platform.brokers.redis.delayed import DEFAULT_PREFIX, DelayedJob, Keys, store_args
+from jobs_platform.brokers.redis.fetch import KillSafeFetch
+from jobs_platform.brokers.redis.poison import PoisonGuardChannel
 
 
 class Channel(KillSafeFetch, PoisonGuardChannel):
     """A Redis channel that diverts long delays to the delayed store (and guards against
-    poison in the queue, :mod:`jobs_platform.deadletter.rawpoison`; takes messages
-    kill-safe, :mod:`jobs_platform.fetch`)."""
+    poison in the queue, :mod:`.poison`; takes messages kill-safe, :mod:`.fetch`)."""
 
     #: What a kill-safe fetch takes passes the poison screen, as BRPOP's replies do.
     kill_safe_admit = PoisonGuardChannel.jobs_screen

@@ -1,4 +1,5 @@
-"""kombu's Redis structures, read at a cost that does not grow with the queue's depth.
+"""kombu's Redis queue layout, read at a cost that does not grow with the queue's depth:
+the one reader behind the exporter's queue metrics and ``health``'s backlog check.
 
 A queue with priorities is several lists: the queue's name for priority 0 and
 ``<name><sep><step>`` for each other priority step (kombu's ``Channel._q_for_pri``;
@@ -20,11 +21,12 @@ Producers ``LPUSH``, workers ``BRPOP``, so the oldest message of a list is its t
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from jobs_platform.clock import as_utc
+from jobs_platform.brokers.interface import InflightState, QueueState
+from jobs_platform.clock import unix_time
 from jobs_platform.history import ENQUEUED_HEADER
 from jobs_platform.routing import QUEUE_NAMES
 
@@ -43,42 +45,31 @@ class BrokerLayout:
     sep: str = "\x06\x16"
     unacked_key: str = "unacked"
     unacked_index_key: str = "unacked_index"
+    #: kombu's ``global_keyprefix`` transport option: before every key it writes.
+    prefix: str = ""
 
     @classmethod
-    def from_app(cls, app: Any) -> BrokerLayout:
-        """The layout ``app``'s workers use (its queues and transport options)."""
+    def from_app(cls, app: Any, queues: Sequence[str] | None = None) -> BrokerLayout:
+        """The layout ``app``'s workers use (its transport options), for ``queues``
+        (default: the declared ones)."""
         from kombu.transport.redis import PRIORITY_STEPS, Channel
 
         options = app.conf.broker_transport_options or {}
         declared = tuple(q.name for q in (app.conf.task_queues or ()))
         return cls(
-            queues=declared or QUEUE_NAMES,
+            queues=tuple(queues) if queues is not None else declared or QUEUE_NAMES,
             priority_steps=tuple(options.get("priority_steps", PRIORITY_STEPS)),
             sep=str(options.get("sep", Channel.sep)),
             unacked_key=str(options.get("unacked_key", Channel.unacked_key)),
             unacked_index_key=str(options.get("unacked_index_key", Channel.unacked_index_key)),
+            prefix=str(options.get("global_keyprefix") or ""),
         )
 
     def sublists(self, queue: str) -> list[str]:
         """Every list of ``queue``, as kombu names them."""
-        keys = [f"{queue}{self.sep}{step}" if step else queue for step in self.priority_steps]
+        base = self.prefix + queue
+        keys = [f"{base}{self.sep}{step}" if step else base for step in self.priority_steps]
         return list(dict.fromkeys(keys))
-
-
-@dataclasses.dataclass(frozen=True)
-class QueueState:
-    length: int
-    #: Unix time of the oldest waiting message's enqueue stamp; ``None`` when the queue is
-    #: empty or its oldest messages carry no stamp.
-    oldest_enqueued_at: float | None
-
-
-@dataclasses.dataclass(frozen=True)
-class InflightState:
-    total: int
-    by_queue: dict[str, int]
-    #: Unix time the oldest in-flight message of each queue was fetched.
-    oldest_fetched_at: dict[str, float]
 
 
 def read_queues(client: Any, layout: BrokerLayout) -> dict[str, QueueState]:
@@ -114,28 +105,21 @@ def enqueued_at(raw: bytes | str | None) -> float | None:
         return None  # not a kombu message: nothing to say about its age
 
 
-def unix_time(iso: str) -> float | None:
-    """Unix time of an ISO 8601 string (UTC when it has no offset), ``None`` if it is not one."""
-    try:
-        return as_utc(dt.datetime.fromisoformat(iso)).timestamp()
-    except ValueError:
-        return None
-
-
 def read_inflight(
     client: Any, layout: BrokerLayout, *, limit: int = INFLIGHT_SCAN_LIMIT
 ) -> InflightState:
     """In-flight count per queue and each queue's oldest fetch time (two round trips)."""
     pipe = client.pipeline(transaction=True)  # the count and the oldest entries agree
-    pipe.hlen(layout.unacked_key)
-    pipe.zrange(layout.unacked_index_key, 0, limit - 1, withscores=True)
+    unacked, index = layout.prefix + layout.unacked_key, layout.prefix + layout.unacked_index_key
+    pipe.hlen(unacked)
+    pipe.zrange(index, 0, limit - 1, withscores=True)
     total, oldest = pipe.execute()
     total = int(total)
     by_queue = {queue: 0 for queue in layout.queues}
     fetched_at: dict[str, float] = {}
     if not oldest:
         return InflightState(total, by_queue, fetched_at)
-    values = client.hmget(layout.unacked_key, [tag for tag, _ in oldest])
+    values = client.hmget(unacked, [tag for tag, _ in oldest])
     for (_, score), value in zip(oldest, values, strict=True):
         queue = _routing_key(value)
         if queue is None:

@@ -233,3 +233,36 @@ def _parse(task_id: bytes | str, raw: bytes | str) -> DelayedJob:
     except (ValueError, TypeError):
         name = task_id.decode() if isinstance(task_id, bytes) else task_id
         return DelayedJob(name, "", "", "?", "?", 0, 0, "", 0)
+
+
+class RedisDelayedStore:
+    """The store of one app, on its broker's Redis (what ``delayed`` and revoke use)."""
+
+    def __init__(self, client: Any, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+
+    def count(self) -> int:
+        return count(self.client, self.keys)
+
+    def next_due_s(self) -> tuple[int, float | None]:
+        """How many jobs wait, and when the next one is due (Unix seconds; None: none)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(self.keys.due)
+        pipe.zrange(self.keys.due, 0, 0, withscores=True)
+        waiting, first = pipe.execute()
+        return int(waiting), (float(first[0][1]) / 1000 if first else None)
+
+    def scan(
+        self, *, due_after_ms: float | None = None, due_before_ms: float | None = None
+    ) -> Iterator[DelayedJob]:
+        return scan(self.client, self.keys, due_after_ms=due_after_ms, due_before_ms=due_before_ms)
+
+    def get(self, task_id: str) -> DelayedJob | None:
+        return get(self.client, self.keys, task_id)
+
+    def cancel(self, task_id: str) -> DelayedJob | None:
+        return cancel(self.client, self.keys, task_id)
+
+    def release(self, *, limit: int | None = None) -> Released:
+        return release_due(self.client, self.keys, limit=limit)
