@@ -2,7 +2,7 @@
 
 Celery's own ``rate_limit`` is a token bucket inside each worker that holds the message
 while it waits: two workers send twice the rate, and a waiting job blocks its prefetch
-slot. Here the limit is one key on the broker's Redis, checked atomically by a script
+slot. Here the limit is one key on the coordination Redis, checked atomically by a script
 that uses Redis's clock (no skew between workers). A job over the limit is not run: the
 worker re-publishes it to wake up when its turn comes (same task id, same attempt count,
 so no attempt is burned) and the pool slot is free at once. A ``429`` with
@@ -104,7 +104,7 @@ def _pause_key(key: str) -> str:
 
 
 def limiter_for(url: str) -> RateLimiter:
-    """This process's limiter on the broker at ``url``."""
+    """This process's limiter on the coordination Redis at ``url``."""
     from jobs_platform.process_local import per_process, redis_client
 
     return per_process(("rate-limiter", url), lambda: RateLimiter(redis_client(url)))

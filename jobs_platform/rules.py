@@ -30,6 +30,7 @@ from typing import Any
 
 from jobs_platform import brokers
 from jobs_platform.brokers import memory
+from jobs_platform.brokers import redis as redis_broker
 from jobs_platform.env import env_name
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.routing import QUEUE_NAMES, check_queue
@@ -94,6 +95,22 @@ def check_broker_url(url: str, *, setting: str) -> str:
     return url
 
 
+def check_coordination_url(url: str, *, setting: str) -> str:
+    """Coordination needs a Redis: ``redis[s]://[user:password@]host[:port][/db]``."""
+    shown = masked(url)
+    try:
+        scheme = urllib.parse.urlsplit(url).scheme
+    except ValueError as exc:
+        raise ConfigError(f"{setting}={shown!r} is not a valid URL: {exc}") from None
+    if scheme not in redis_broker.SCHEMES:
+        raise ConfigError(
+            f"{setting}={shown!r}: coordination (locks, limits, beat, metric sums) needs a "
+            "Redis: the scheme must be redis:// or rediss://"
+        )
+    redis_broker.BROKER.check_url(url, setting=setting)
+    return url
+
+
 def check_visibility(*, visibility_timeout_s: float, margin_s: float) -> None:
     if visibility_timeout_s <= 0:
         raise ConfigError(f"visibility_timeout must be > 0 seconds, got {visibility_timeout_s}")
@@ -134,6 +151,8 @@ def check_settings(values: Mapping[str, Any]) -> None:
     check_broker_url(values["broker_url"], setting=env_name("broker_url"))
     if values["result_backend"].split("://", 1)[0] in brokers.WORKER_SCHEMES:
         check_broker_url(values["result_backend"], setting=env_name("result_backend"))
+    if values["coordination_url"]:
+        check_coordination_url(values["coordination_url"], setting=env_name("coordination_url"))
     check_visibility(
         visibility_timeout_s=values["visibility_timeout"], margin_s=values["visibility_margin"]
     )

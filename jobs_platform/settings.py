@@ -39,6 +39,13 @@ class Settings:
         "URL",
         "Celery broker: `redis://` or `rediss://` `[user:password@]host[:port][/db]`.",
     )
+    coordination_url: str = _knob(
+        "",
+        "URL",
+        "Redis for coordination: unique-dispatch locks, rate limits, beat's leader lock and "
+        "slot records, the dead-letter spool, metric sums, health canaries. Empty means "
+        "the broker URL (while the broker is Redis).",
+    )
     dispatch_timeout: float = _knob(
         5.0,
         "s",

@@ -25,7 +25,7 @@ from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError
 
-from jobs_platform import brokers, bulk, dispatch, history, rules
+from jobs_platform import brokers, bulk, coordination, dispatch, history, rules
 from jobs_platform.errors import ConfigError
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
@@ -255,7 +255,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         attempt) to come back when its turn is due, and free the pool slot at once."""
         spec = self.spec
         assert spec.rate_key is not None
-        wait_s = limiter_for(self.app.conf.broker_url).acquire(spec.rate_key, spec.rate)
+        wait_s = limiter_for(coordination.url_of(self.app.jobs_settings)).acquire(
+            spec.rate_key, spec.rate
+        )
         if wait_s <= 0:
             return
         request = self.request
@@ -280,7 +282,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         if key is None or step.status != 429:
             return
         if step.retry_after_s:
-            limiter_for(self.app.conf.broker_url).pause(key, step.retry_after_s)
+            limiter_for(coordination.url_of(self.app.jobs_settings)).pause(key, step.retry_after_s)
 
     def _give_up(self, exc: Exception, attempt: int, step: GiveUp) -> None:
         """Hand the failure, as raised, to the dead-letter receiver; Celery then fails the

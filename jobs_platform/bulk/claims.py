@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from jobs_platform import coordination
 from jobs_platform.bulk.calls import Call
 from jobs_platform.idempotency import events, unique
 
@@ -23,7 +24,7 @@ def claim(task: Any, calls: list[Call]) -> dict[int, str]:
     locked = [call for call in calls if call.identity is not None]
     if not locked:
         return {}
-    holders = unique.locks_for(task.app.conf.broker_url).acquire_many(
+    holders = unique.locks_for(coordination.url_of(task.app.jobs_settings)).acquire_many(
         [(str(call.identity), call.task_id) for call in locked], task.spec.unique_for_s
     )
     held: dict[int, str] = {}
@@ -48,7 +49,7 @@ def release(task: Any, calls: list[Call]) -> None:
     if not locked:
         return
     try:
-        unique.locks_for(task.app.conf.broker_url).release_many(
+        unique.locks_for(coordination.url_of(task.app.jobs_settings)).release_many(
             [(str(call.identity), call.task_id) for call in locked]
         )
     except Exception:

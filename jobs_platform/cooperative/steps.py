@@ -10,7 +10,7 @@ from celery import bootsteps
 from celery.worker.components import Pool
 from celery.worker.consumer.events import Events
 
-from jobs_platform import brokers
+from jobs_platform import brokers, coordination
 from jobs_platform.brokers.interface import Sweep
 from jobs_platform.cooperative.policy import (
     COOPERATIVE_POOLS,
@@ -63,7 +63,7 @@ class Cooperative(bootsteps.StartStopStep):  # type: ignore[misc]
             settings = app.jobs_settings
             broker = brokers.of(app)
             self.monitor = Monitor(
-                broker_url=str(app.conf.broker_url),
+                coordination_url=coordination.url_of(settings),
                 hostname=str(worker.hostname),
                 grace_s=grace_for(settings.visibility_margin),
                 budget_s=broker.delivery_timeout(settings).seconds - settings.visibility_margin,

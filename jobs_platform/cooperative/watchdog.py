@@ -5,7 +5,7 @@ thread (a real OS thread, started with the original ``_thread.start_new_thread``
 patches ``threading``, and a greenlet would be as stuck as the loop) looks every tick at
 the running jobs. When one has outlived its hard limit + grace, gevent's Timeout could not
 stop it (it never yields, or it swallowed the Timeout): the monitor writes what it found
-and the main thread's stack to stderr, marks the overdue jobs as lost on the broker, and
+and the main thread's stack to stderr, marks the overdue jobs as lost (coordination), and
 ends the process with ``os._exit`` (a clean shutdown would need the blocked loop).
 
 Every worker, whatever its pool, wraps the hand-over of a request to the pool
@@ -33,7 +33,7 @@ from billiard.einfo import ExceptionInfo
 from billiard.exceptions import WorkerLostError
 from celery.worker import state
 
-from jobs_platform import process_local
+from jobs_platform import coordination, process_local
 from jobs_platform.cooperative.policy import (
     EXIT_STATUS,
     LOST_MARK_TTL_S,
@@ -91,14 +91,14 @@ class Monitor:
     def __init__(
         self,
         *,
-        broker_url: str,
+        coordination_url: str,
         hostname: str,
         grace_s: float,
         budget_s: float,
         default_limit_s: float | None = None,
         exit: Callable[[int], Any] = os._exit,
     ) -> None:
-        self.broker_url = broker_url
+        self.coordination_url = coordination_url
         self.hostname = hostname
         self.grace_s = grace_s
         self.budget_s = budget_s
@@ -152,7 +152,7 @@ class Monitor:
         stuck); a failure is reported and the worker still ends."""
         try:
             client = redis.Redis.from_url(
-                self.broker_url,
+                self.coordination_url,
                 socket_timeout=MARK_TIMEOUT_S,
                 socket_connect_timeout=MARK_TIMEOUT_S,
             )
@@ -193,7 +193,7 @@ class LostAttempts:
 
     def _was_lost(self, task_id: str) -> bool:
         try:
-            client = process_local.redis_client(str(self.app.conf.broker_url))
+            client = process_local.redis_client(coordination.url_of(self.app.jobs_settings))
             return client.getdel(lost_key(task_id)) is not None
         except redis.RedisError:
             logger.warning(

@@ -3,7 +3,7 @@
 ``capture(letter)``:
 
 1. redact the configured keys;
-2. push the JSON to the durable spool on the broker (:mod:`.spool`);
+2. push the JSON to the durable spool on the coordination Redis (:mod:`.spool`);
 3. insert-or-ignore the row (values made storable by :meth:`DeadLetter.row`), retrying
    only transient errors (:func:`is_transient`), a bounded number of times (tenacity);
 4. on success remove the spool entry, then alert (log line, counter, webhook) *only if
@@ -37,6 +37,7 @@ from typing import Any
 import sqlalchemy.exc
 import tenacity
 
+from jobs_platform import coordination
 from jobs_platform.deadletter import alerts
 from jobs_platform.deadletter.metrics import (
     DEAD_LETTERS,
@@ -130,7 +131,7 @@ class DeadLetterSink:
     def __init__(self, settings: Settings, *, spool_url: str | None = None) -> None:
         self.settings = settings
         self.store = DeadLetterStore(settings.database_url)
-        self.spool = Spool(spool_url or settings.broker_url, settings.dlq_spool_key)
+        self.spool = Spool(spool_url or coordination.url_of(settings), settings.dlq_spool_key)
         self.redact_keys = tuple(
             k.strip() for k in settings.dlq_redact_keys.split(",") if k.strip()
         )
@@ -290,5 +291,5 @@ def sink_for(app: Any) -> DeadLetterSink:
     """The sink of ``app`` in this process."""
     return per_process(
         ("dead-letter-sink", id(app)),
-        lambda: DeadLetterSink(app.jobs_settings, spool_url=str(app.conf.broker_url)),
+        lambda: DeadLetterSink(app.jobs_settings),
     )

@@ -1,4 +1,4 @@
-"""The durable spool: a Redis list on the broker that holds dead letters until stored.
+"""The durable spool: a Redis list (coordination) that holds dead letters until stored.
 
 A dead letter is pushed here *before* the database write and removed only after the row
 is committed, so a database outage, a crash between the two, or a slow migration loses

@@ -3,7 +3,8 @@
 A worker can be alive (it answers control pings) yet consume nothing, a known Celery
 failure after a broker reconnect, and a stopped pool looks the same. Only a job that is
 really fetched and run tells: ``health`` sends ``jobs.health.canary`` to each queue and
-waits for it to set ``jobs:health:canary:done:<id>`` (:mod:`.keys`) on the broker's Redis.
+waits for it to set ``jobs:health:canary:done:<id>`` (:mod:`.keys`) on the coordination
+Redis.
 
 Why this shape:
 
@@ -37,7 +38,7 @@ from typing import Any
 
 import redis
 
-from jobs_platform import brokers
+from jobs_platform import brokers, coordination
 from jobs_platform.health.keys import canary_done_key, canary_inflight_key
 from jobs_platform.process_local import redis_client
 
@@ -72,17 +73,17 @@ def install(app: Any) -> Any:
         ignore_result=True,
     )
     def canary(self: Any, canary_id: str, deadline: float) -> bool:
-        return report(self.app.jobs_settings.broker_url, canary_id, deadline)
+        return report(coordination.url_of(self.app.jobs_settings), canary_id, deadline)
 
     return canary
 
 
-def report(broker_url: str, canary_id: str, deadline: float) -> bool:
+def report(url: str, canary_id: str, deadline: float) -> bool:
     """The canary's body: mark ``canary_id`` done unless its deadline (Unix time) passed."""
     if time.time() > deadline:
         return False  # late: whoever waited for it has given its verdict already
     try:
-        redis_client(broker_url).set(canary_done_key(canary_id), "1", ex=int(CANARY_LIFETIME_S))
+        redis_client(url).set(canary_done_key(canary_id), "1", ex=int(CANARY_LIFETIME_S))
     except redis.RedisError as exc:
         logger.warning(
             "jobs.health.canary_unreported: canary %s ran but could not report: %s",

@@ -19,6 +19,7 @@ import redis
 
 from jobs_platform import brokers, history
 from jobs_platform.brokers.interface import QueueState
+from jobs_platform.coordination import lease
 from jobs_platform.deadletter.record import parse_time
 from jobs_platform.urls import masked
 
@@ -239,7 +240,7 @@ def beat(
         gap = schedule_gap_s(beat_schedule, max_loop_interval_s)
         if gap is None:
             return beat_verdict(None, {}, now())
-        ticks = {_text(k): _text(v) for k, v in client.hgetall(key).items()}
+        ticks = {lease.text(k): lease.text(v) for k, v in client.hgetall(key).items()}
         return beat_verdict(gap, ticks, now())
 
     return timed("beat", run)
@@ -292,7 +293,7 @@ def spool(
         pipe.llen(key)
         pipe.lindex(key, 0)  # the spool is RPUSHed: the head is the oldest
         depth, oldest = pipe.execute()
-        head = None if oldest is None else _text(oldest)
+        head = None if oldest is None else lease.text(oldest)
         return spool_verdict(int(depth), head, now(), spool_bound_s(drain_interval_s))
 
     return timed("spool", run)
@@ -341,7 +342,3 @@ def backlog(
         ok, detail = backlog_verdict(states[queue], moment, goals[queue])
         out.append(Check(f"backlog:{queue}", ok, detail, time.monotonic() - start))
     return out
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,4 +1,4 @@
-"""Every Redis key ``health`` reads or writes (all on the broker's Redis), in one place.
+"""Every Redis key ``health`` reads or writes (all on the coordination Redis), in one place.
 
 Written by the health command and the canary (:mod:`.canary`):
 

@@ -18,6 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
+from jobs_platform import coordination
 from jobs_platform.clock import utcnow
 from jobs_platform.health import canary, checks
 from jobs_platform.health.checks import Check
@@ -105,7 +106,7 @@ def run(
     results, on_broker = _ping_first(app, settings.broker_url, selected, queues, budget)
     if on_broker:
         client = redis.Redis.from_url(
-            settings.broker_url,
+            coordination.url_of(settings),
             socket_timeout=budget.ping_s,
             socket_connect_timeout=budget.ping_s,
         )

@@ -25,9 +25,10 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import redis
 from celery import signals
 
+from jobs_platform import coordination
+from jobs_platform.coordination.lease import Leases, read_acquired
 from jobs_platform.errors import DispatchError
 from jobs_platform.idempotency import events
 from jobs_platform.process_local import per_process, redis_client
@@ -38,16 +39,6 @@ LOCK_PREFIX = "jobs:unique:"
 #: Longer identities are hashed so they fit an ``Idempotency-Key`` header (255 at most).
 MAX_IDENTITY_LENGTH = 200
 
-# SET NX PX, else read the holder: one round trip, so no gap in which the lock can vanish.
-_ACQUIRE = """
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return {ARGV[1], 1} end
-return {redis.call('get', KEYS[1]), 0}
-"""
-# Compare-and-delete: only the job that holds the lock may drop it.
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
 #: Celery states after which the job is over (a RETRY is still the same job).
 _FINAL_STATES = frozenset({"SUCCESS", "FAILURE"})
 
@@ -85,47 +76,37 @@ def identity_of(task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any]
 
 
 class UniqueLocks:
-    """The dispatch locks in one Redis database."""
+    """The dispatch locks, leases on one Redis (the coordination Redis)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Any) -> None:
         self.client = client
-        self._acquire = client.register_script(_ACQUIRE)
-        self._release = client.register_script(_RELEASE)
+        self.leases = Leases(client)
 
     def acquire(self, identity: str, task_id: str, ttl_s: float) -> tuple[str, bool]:
         """``(holder, acquired_now)``: the id of the job holding the lock after this call."""
-        holder, acquired = self._acquire(
-            keys=[LOCK_PREFIX + identity], args=[task_id, max(1, int(ttl_s * 1000))]
-        )
-        return _text(holder), bool(acquired)
+        return self.leases.acquire(LOCK_PREFIX + identity, task_id, ttl_s)
 
     def release(self, identity: str, task_id: str) -> bool:
-        return bool(self._release(keys=[LOCK_PREFIX + identity], args=[task_id]))
+        return self.leases.release(LOCK_PREFIX + identity, task_id)
 
     def acquire_many(self, claims: Sequence[tuple[str, str]], ttl_s: float) -> list[str]:
         """:meth:`acquire` for each ``(identity, task_id)``, in order, in one round trip;
         the holder after each (Redis runs the scripts in order: a repeated identity gets
         the first claimant's id)."""
         pipe = self.client.pipeline(transaction=False)
-        ttl_ms = max(1, int(ttl_s * 1000))
         for identity, task_id in claims:
-            self._acquire(keys=[LOCK_PREFIX + identity], args=[task_id, ttl_ms], client=pipe)
-        return [_text(holder) for holder, _acquired in pipe.execute()]
+            self.leases.acquire_on(pipe, LOCK_PREFIX + identity, task_id, ttl_s)
+        return [read_acquired(reply)[0] for reply in pipe.execute()]
 
     def release_many(self, claims: Sequence[tuple[str, str]]) -> None:
         """:meth:`release` for each ``(identity, task_id)`` in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         for identity, task_id in claims:
-            self._release(keys=[LOCK_PREFIX + identity], args=[task_id], client=pipe)
+            self.leases.release_on(pipe, LOCK_PREFIX + identity, task_id)
         pipe.execute()
 
     def holder(self, identity: str) -> str | None:
-        value = self.client.get(LOCK_PREFIX + identity)
-        return None if value is None else _text(value)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        return self.leases.holder(LOCK_PREFIX + identity)
 
 
 def locks_for(url: str) -> UniqueLocks:
@@ -146,7 +127,7 @@ def dispatch_once(
     if options.get("task_id"):
         return publish(args, kwargs, **options)
     task_id = _new_id()
-    locks = locks_for(task.app.conf.broker_url)
+    locks = locks_for(coordination.url_of(task.app.jobs_settings))
     holder, acquired = locks.acquire(identity, task_id, task.spec.unique_for_s)
     if holder != task_id:
         events.skipped(
@@ -178,7 +159,7 @@ def release_for(task: Any, task_id: str | None, args: Any, kwargs: Any) -> None:
         return
     try:
         identity = identity_of(task, args, kwargs)
-        locks_for(task.app.conf.broker_url).release(identity, task_id)
+        locks_for(coordination.url_of(task.app.jobs_settings)).release(identity, task_id)
     except Exception:
         # Receivers must not raise (Celery only logs it); the lock's TTL still frees it.
         logger.exception(

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from jobs_platform import coordination
+
 #: The worker bootstep (a string: only workers import it).
 BOOTSTEP = "jobs_platform.metrics.bootstep:MetricsStep"
 
@@ -44,5 +46,6 @@ def activate(app: Any) -> None:
     from jobs_platform.metrics import counters
 
     counters.activate(
-        str(app.conf.broker_url), interval_s=counters.flush_interval(app.jobs_settings)
+        coordination.url_of(app.jobs_settings),
+        interval_s=counters.flush_interval(app.jobs_settings),
     )

@@ -17,6 +17,7 @@ from typing import Any
 
 from celery import bootsteps
 
+from jobs_platform import coordination
 from jobs_platform.metrics import counters
 
 logger = logging.getLogger("jobs_platform.metrics")
@@ -29,7 +30,7 @@ class MetricsStep(bootsteps.StartStopStep):  # type: ignore[misc]
         super().__init__(parent, **kwargs)
         app = parent.app
         counters.activate(
-            str(app.conf.broker_url),
+            coordination.url_of(app.jobs_settings),
             interval_s=counters.flush_interval(app.jobs_settings),
         )
 

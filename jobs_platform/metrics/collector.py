@@ -34,7 +34,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from jobs_platform import brokers
+from jobs_platform import brokers, coordination
 from jobs_platform.clock import unix_time
 from jobs_platform.metrics import counters, keys, names
 
@@ -75,7 +75,7 @@ class Sources:
         return cls(
             app=app,
             queues=tuple(q.name for q in (app.conf.task_queues or ())),
-            redis_url=str(app.conf.broker_url),
+            redis_url=coordination.url_of(settings),
             database_url=settings.database_url,
             spool_key=settings.dlq_spool_key,
             beat_ticks_key=ticks_key,

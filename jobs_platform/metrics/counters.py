@@ -3,7 +3,7 @@
 A count is a few dictionary operations in the process where it happens: :class:`Recorder`
 adds it to an in-memory buffer keyed by series (sample name + label values). A daemon
 thread flushes the buffer every interval (``JOBS_METRICS_FLUSH_INTERVAL``) as one
-MULTI/EXEC pipeline of ``HINCRBYFLOAT`` on one hash of the broker's Redis
+MULTI/EXEC pipeline of ``HINCRBYFLOAT`` on one hash of the coordination Redis
 (:data:`~.keys.COUNTERS_KEY`); a pool child also flushes when it exits (recycled by
 ``--max-tasks-per-child``, or at shutdown), the worker's main process when it stops. The
 exporter reads the hash with one ``HGETALL``. So the totals are the fleet's, on every

@@ -1,4 +1,4 @@
-"""Every Redis key the metrics read or write, named in one place (on the broker's Redis).
+"""Every Redis key the metrics read or write, named in one place (the coordination Redis).
 
 Written by the platform's processes (:mod:`.counters`):
 

@@ -8,7 +8,7 @@ labels ``name``/``queue_name``); the platform's own are prefixed ``jobs_``.
 ``source`` says where a value comes from:
 
 - ``recorded``: counted where it happens (a pool child, the worker's main process, beat, a
-  producer that opted in) and summed in the broker's Redis (:mod:`.counters`);
+  producer that opted in) and summed in the coordination Redis (:mod:`.counters`);
 - ``scrape``: read or computed by the exporter when Prometheus scrapes (:mod:`.collector`).
 """
 

@@ -1,6 +1,7 @@
 """The leader lock: one beat sends, the others stand by and take over when it is gone.
 
-``jobs:beat:leader:<app>`` holds the leader's id with a short TTL (``JOBS_BEAT_LOCK_TIMEOUT``,
+``jobs:beat:leader:<app>`` is a lease (:mod:`jobs_platform.coordination.lease`) holding
+the leader's id with a short TTL (``JOBS_BEAT_LOCK_TIMEOUT``,
 5 s); the leader extends it on every tick (at least every ``beat_max_loop_interval``) and
 deletes it when it stops. A standby tries to take it on each of its ticks, so after a
 leader dies the standby leads within the lock timeout plus one loop interval.
@@ -15,21 +16,10 @@ from __future__ import annotations
 
 import redis
 
+from jobs_platform.coordination.lease import Leases
 from jobs_platform.schedule.slots import KEY_PREFIX
 
 LEADER_PREFIX = KEY_PREFIX + "leader:"
-
-# Extend our own lock, else take a free one; 1 extended, 2 taken, 0 held by someone else.
-_HOLD = """
-local holder = redis.call('get', KEYS[1])
-if holder == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1 end
-if not holder then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 2 end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
 
 
 def leader_key(app_name: str) -> str:
@@ -46,18 +36,14 @@ class LeaderLock:
         self.key = leader_key(app_name)
         self.holder = holder
         self.timeout_s = timeout_s
-        self._hold = client.register_script(_HOLD)
-        self._release = client.register_script(_RELEASE)
+        self._leases = Leases(client)
 
     def hold(self) -> bool:
         """Extend the lock if ours, take it if free; True if we lead now."""
-        return bool(self._hold(keys=[self.key], args=[self.holder, int(self.timeout_s * 1000)]))
+        return bool(self._leases.hold(self.key, self.holder, self.timeout_s))
 
     def release(self) -> bool:
-        return bool(self._release(keys=[self.key], args=[self.holder]))
+        return self._leases.release(self.key, self.holder)
 
     def current(self) -> str | None:
-        value = self.client.get(self.key)
-        if value is None:
-            return None
-        return value.decode() if isinstance(value, bytes) else str(value)
+        return self._leases.holder(self.key)

@@ -23,6 +23,7 @@ from typing import Any
 
 from celery.schedules import crontab
 
+from jobs_platform import coordination
 from jobs_platform.clock import utcnow
 from jobs_platform.idempotency.unique import LOCK_PREFIX
 from jobs_platform.process_local import redis_client
@@ -127,7 +128,7 @@ def purge_idempotency_keys(task: Any) -> dict[str, Any]:
 
 def check_unique_locks(task: Any) -> dict[str, Any]:
     """Report the unique-dispatch locks held (Redis expires them itself)."""
-    return unique_lock_report(redis_client(task.app.conf.broker_url))
+    return unique_lock_report(redis_client(coordination.url_of(task.app.jobs_settings)))
 
 
 def unique_lock_report(client: Any) -> dict[str, Any]:

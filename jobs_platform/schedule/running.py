@@ -19,6 +19,8 @@ from typing import Any
 import redis
 from celery import signals
 
+from jobs_platform import coordination
+from jobs_platform.coordination.lease import Leases
 from jobs_platform.process_local import per_process, redis_client
 from jobs_platform.schedule.slots import ENTRY_HEADER, KEY_PREFIX
 
@@ -28,75 +30,47 @@ RUNNING_PREFIX = KEY_PREFIX + "running:"
 RUN_PREFIX = KEY_PREFIX + "run:"
 _FINAL_STATES = frozenset({"SUCCESS", "FAILURE"})
 
-# KEYS[1] the entry's marker, KEYS[2] the run's entry (task id -> entry name, for the
-# receivers that see a task id but not the message's headers). ARGV: task id, TTL ms, entry.
-# SET NX, else read the holder: one round trip.
-_ACQUIRE = """
-if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  redis.call('set', KEYS[2], ARGV[3], 'PX', ARGV[2])
-  return ARGV[1]
-end
-return redis.call('get', KEYS[1])
-"""
-_REFRESH = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-  redis.call('pexpire', KEYS[2], ARGV[2])
-  return redis.call('pexpire', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-redis.call('del', KEYS[2])
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-
 
 def running_key(entry: str) -> str:
     return RUNNING_PREFIX + entry
 
 
-def _keys(entry: str, task_id: str) -> list[str]:
-    return [RUNNING_PREFIX + entry, RUN_PREFIX + task_id]
+def run_key(task_id: str) -> str:
+    """The run's entry (task id -> entry name), for the receivers that see a task id but
+    not the message's headers: the marker's companion key."""
+    return RUN_PREFIX + task_id
 
 
 class RunningMarkers:
-    """The overlap markers on one Redis."""
+    """The overlap markers on one Redis: leases of the run's task id
+    (:mod:`jobs_platform.coordination.lease`), each with its run's entry beside it."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._acquire = client.register_script(_ACQUIRE)
-        self._refresh = client.register_script(_REFRESH)
-        self._release = client.register_script(_RELEASE)
+        self._leases = Leases(client)
 
     def acquire(self, entry: str, task_id: str, ttl_s: float) -> str:
         """Mark ``task_id`` as the entry's run; returns the holder (``task_id`` if it is ours)."""
-        holder = self._acquire(keys=_keys(entry, task_id), args=[task_id, _ms(ttl_s), entry])
-        return _text(holder)
+        holder, _acquired = self._leases.acquire(
+            running_key(entry), task_id, ttl_s, companions={run_key(task_id): entry}
+        )
+        return holder
 
     def refresh(self, entry: str, task_id: str, ttl_s: float) -> bool:
         """Give ``task_id``'s marker ``ttl_s`` more to live, if it still holds it."""
-        return bool(self._refresh(keys=_keys(entry, task_id), args=[task_id, _ms(ttl_s)]))
+        return self._leases.extend(
+            running_key(entry), task_id, ttl_s, companions=[run_key(task_id)]
+        )
 
     def release(self, entry: str, task_id: str) -> bool:
-        return bool(self._release(keys=_keys(entry, task_id), args=[task_id]))
+        return self._leases.release(running_key(entry), task_id, companions=[run_key(task_id)])
 
     def holder(self, entry: str) -> str | None:
-        value = self.client.get(running_key(entry))
-        return None if value is None else _text(value)
+        return self._leases.holder(running_key(entry))
 
     def entry_of_run(self, task_id: str) -> str | None:
         """The entry whose marker ``task_id`` holds (while it holds it)."""
-        value = self.client.get(RUN_PREFIX + task_id)
-        return None if value is None else _text(value)
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        return self._leases.holder(run_key(task_id))
 
 
 def markers_for(url: str) -> RunningMarkers:
@@ -129,7 +103,7 @@ def _settle(
     if not task_id or task is None or (entry is None and not lookup):
         return
     try:
-        markers = markers_for(task.app.conf.broker_url)
+        markers = markers_for(coordination.url_of(task.app.jobs_settings))
         entry = entry or markers.entry_of_run(task_id)
         if entry is None:
             return

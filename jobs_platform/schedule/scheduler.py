@@ -31,6 +31,7 @@ from typing import Any
 import redis
 from celery import beat
 
+from jobs_platform import coordination
 from jobs_platform.clock import utcnow
 from jobs_platform.errors import ConfigError
 from jobs_platform.process_local import REDIS_TIMEOUT_S
@@ -112,11 +113,12 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
 
     @cached_property
     def redis(self) -> redis.Redis:
-        url = str(self.app.conf.broker_url or "")
+        url = coordination.url_of(self.app.jobs_settings)
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ConfigError(
-                "the platform's beat keeps its slot records on the broker's Redis; "
-                f"broker_url {masked(url)!r} is not a Redis URL"
+                "the platform's beat keeps its leader lock and slot records on the "
+                f"coordination Redis; {masked(url)!r} is not a Redis URL "
+                "(set JOBS_COORDINATION_URL)"
             )
         return redis.Redis.from_url(
             url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
@@ -144,7 +146,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
     def info(self) -> str:
         return (
             f"    . leader lock -> {self.leader.key} ({self.lock_timeout_s:g} s)\n"
-            f"    . slot records -> {masked(str(self.app.conf.broker_url))}"
+            f"    . slot records -> {masked(coordination.url_of(self.app.jobs_settings))}"
         )
 
     # -- ticking ---------------------------------------------------------------------------

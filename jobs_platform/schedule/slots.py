@@ -24,6 +24,7 @@ import redis
 from celery.schedules import schedule as interval_schedule
 
 from jobs_platform.clock import as_utc, utc_iso
+from jobs_platform.coordination.lease import Leases
 from jobs_platform.errors import ConfigError
 
 KEY_PREFIX = "jobs:beat:"
@@ -41,18 +42,6 @@ MAX_SCAN = 10_000
 
 #: Prefix of a record whose slot was decided but not sent (``skipped:overlap:<sender>``).
 SKIPPED_MARK = "skipped:"
-
-# Compare-and-delete: only the sender that recorded a slot may undo it (its publish failed).
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-# Compare-and-set, keeping the TTL: only the sender that recorded a slot may say what became
-# of it.
-_MARK = """
-if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end
-return redis.call('set', KEYS[1], ARGV[2], 'KEEPTTL')
-"""
 
 
 def slot_iso(slot: dt.datetime) -> str:
@@ -148,30 +137,27 @@ def slot_ttl_s(sched: Any, slot: dt.datetime) -> int:
 
 
 class SlotRecords:
-    """``jobs:beat:slot:*`` on one Redis: who sent (or decided) each slot."""
+    """``jobs:beat:slot:*`` on one Redis: who sent (or decided) each slot. Each record is a
+    lease of the sender (:mod:`jobs_platform.coordination.lease`)."""
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
-        self._release = client.register_script(_RELEASE)
-        self._mark = client.register_script(_MARK)
+        self._leases = Leases(client)
 
     def claim(self, entry: str, slot: dt.datetime, sender: str, ttl_s: int) -> bool:
         """Record ``sender`` as the one sending ``slot``; False if someone already did."""
-        return bool(self.client.set(slot_key(entry, slot), sender, nx=True, ex=ttl_s))
+        _holder, acquired = self._leases.acquire(slot_key(entry, slot), sender, ttl_s)
+        return acquired
 
     def release(self, entry: str, slot: dt.datetime, sender: str) -> bool:
         """Undo ``sender``'s record (its publish failed), so the slot can be sent again."""
-        return bool(self._release(keys=[slot_key(entry, slot)], args=[sender]))
+        return self._leases.release(slot_key(entry, slot), sender)
 
     def mark_skipped(self, entry: str, slot: dt.datetime, sender: str, reason: str) -> bool:
-        """Note on ``sender``'s record that the slot was not sent (for people reading it)."""
+        """Note on ``sender``'s record that the slot was not sent (for people reading it):
+        only the sender that recorded a slot may say what became of it."""
         value = f"{SKIPPED_MARK}{reason}:{sender}"
-        return bool(self._mark(keys=[slot_key(entry, slot)], args=[sender, value]))
+        return self._leases.replace(slot_key(entry, slot), sender, value)
 
     def holder(self, entry: str, slot: dt.datetime) -> str | None:
-        value = self.client.get(slot_key(entry, slot))
-        return None if value is None else _text(value)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+        return self._leases.holder(slot_key(entry, slot))

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import redis
 
 from jobs_platform.clock import utc_iso
+from jobs_platform.coordination import lease
 from jobs_platform.schedule.slots import EPOCH, KEY_PREFIX
 
 DONE_KEY = KEY_PREFIX + "done"
@@ -81,7 +82,7 @@ class BeatState:
         return int(self.client.hdel(TICKS_KEY, *stale)) if stale else 0
 
     def ticks(self) -> dict[str, str]:
-        return {_text(k): _text(v) for k, v in self.client.hgetall(TICKS_KEY).items()}
+        return {lease.text(k): lease.text(v) for k, v in self.client.hgetall(TICKS_KEY).items()}
 
     def count_skip(self, entry: str, reason: str, count: int = 1) -> None:
         self.client.hincrby(SKIPPED_KEY, f"{reason}:{entry}", count)
@@ -89,7 +90,3 @@ class BeatState:
     def skipped(self, entry: str, reason: str) -> int:
         value = self.client.hget(SKIPPED_KEY, f"{reason}:{entry}")
         return 0 if value is None else int(value)
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

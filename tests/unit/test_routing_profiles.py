@@ -179,7 +179,7 @@ def test_watchdog_ends_the_worker_even_when_the_broker_is_unreachable(
 
     exits: list[int] = []
     monitor = Monitor(
-        broker_url=f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
+        coordination_url=f"redis://127.0.0.1:{free_port()}/0",  # nothing listens there
         hostname="w@test",
         grace_s=1.0,
         budget_s=50.0,

@@ -184,10 +184,7 @@ class ChargeMachine(RuleBasedStateMachine):
             1
             for d in self.all
             if d.effected
-            and (
-                d.state in ("overtaken", "crashed")
-                or (d.state == "effected" and self.expired(d))
-            )
+            and (d.state in ("overtaken", "crashed") or (d.state == "effected" and self.expired(d)))
         )
         assert self.gateway.calls <= 1 + lost
 
