@@ -25,7 +25,7 @@ import difflib
 import inspect
 import math
 import urllib.parse
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from jobs_platform import brokers
@@ -80,35 +80,32 @@ def check_broker_url(url: str, *, setting: str) -> str:
     """
     if url == f"{memory.SCHEME}://":
         return url
-    shown = masked(url)
-    try:
-        scheme = urllib.parse.urlsplit(url).scheme
-    except ValueError as exc:
-        raise ConfigError(f"{setting}={shown!r} is not a valid URL: {exc}") from None
-    if scheme not in brokers.WORKER_SCHEMES:
-        raise ConfigError(
-            f"{setting}={shown!r}: the scheme must be "
-            f"{' or '.join(f'{scheme}://' for scheme in brokers.WORKER_SCHEMES)} "
-            "(jobs-platform runs on the Redis broker today)"
-        )
+    scheme = _scheme(
+        url, setting, brokers.WORKER_SCHEMES, "(jobs-platform runs on the Redis broker today)"
+    )
     brokers.BY_SCHEME[scheme].check_url(url, setting=setting)
     return url
 
 
 def check_coordination_url(url: str, *, setting: str) -> str:
     """Coordination needs a Redis: ``redis[s]://[user:password@]host[:port][/db]``."""
+    why = "(coordination: locks, limits, beat, metric sums, needs a Redis)"
+    _scheme(url, setting, redis_broker.SCHEMES, why)
+    redis_broker.BROKER.check_url(url, setting=setting)
+    return url
+
+
+def _scheme(url: str, setting: str, allowed: Sequence[str], why: str) -> str:
+    """``url``'s scheme if it is one of ``allowed``; else ConfigError naming ``setting``."""
     shown = masked(url)
     try:
         scheme = urllib.parse.urlsplit(url).scheme
     except ValueError as exc:
         raise ConfigError(f"{setting}={shown!r} is not a valid URL: {exc}") from None
-    if scheme not in redis_broker.SCHEMES:
-        raise ConfigError(
-            f"{setting}={shown!r}: coordination (locks, limits, beat, metric sums) needs a "
-            "Redis: the scheme must be redis:// or rediss://"
-        )
-    redis_broker.BROKER.check_url(url, setting=setting)
-    return url
+    if scheme not in allowed:
+        spelt = " or ".join(f"{name}://" for name in allowed)
+        raise ConfigError(f"{setting}={shown!r}: the scheme must be {spelt} {why}")
+    return scheme
 
 
 def check_visibility(*, visibility_timeout_s: float, margin_s: float) -> None:

@@ -122,7 +122,7 @@ def test_an_expired_lease_is_free_again(leases: Leases) -> None:
 
 
 def test_a_coordination_url_that_is_not_redis_is_refused() -> None:
-    with pytest.raises(ConfigError, match="JOBS_COORDINATION_URL='amqp://h//': coordination"):
+    with pytest.raises(ConfigError, match="JOBS_COORDINATION_URL='amqp://h//': the scheme"):
         create_app("coord", broker_url="redis://127.0.0.1:6399/0", coordination_url="amqp://h//")
     with pytest.raises(ConfigError, match=r"JOBS_COORDINATION_URL='redis://h/x'.*database number"):
         create_app("coord", broker_url="redis://127.0.0.1:6399/0", coordination_url="redis://h/x")
