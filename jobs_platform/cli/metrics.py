@@ -23,10 +23,11 @@ def metrics(ctx: click.Context, port: int, host: str, once: bool) -> None:
     """Serve /metrics: queue depths and ages, in-flight jobs, task outcomes counted by the
     workers, dead letters, the delayed store, beat's ticks.
 
-    Needs no task events. Reads the broker's Redis and JOBS_DATABASE_URL at every scrape.
+    Needs no task events. Reads the broker, the coordination Redis and JOBS_DATABASE_URL
+    at every scrape.
     """
     # Imported here: every `celery` invocation loads this module to list its commands.
-    from jobs_platform.metrics import exporter
+    from jobs_platform.exporter import server as exporter
 
     app = ctx.obj.app
     if once:

@@ -18,9 +18,9 @@ kombu's queue lists and their priority sub-lists are named by kombu itself
 
 from __future__ import annotations
 
+from jobs_platform.schedule.state import TICKS_KEY
+
 CANARY_PREFIX = "jobs:health:canary:"
-#: Used while :mod:`jobs_platform.schedule.state` does not define ``TICKS_KEY``.
-DEFAULT_BEAT_TICKS_KEY = "jobs:beat:ticks"
 
 
 def canary_inflight_key(queue: str) -> str:
@@ -32,9 +32,5 @@ def canary_done_key(canary_id: str) -> str:
 
 
 def beat_ticks_key() -> str:
-    """Beat's ticks hash: the scheduler's own name for it when the scheduler is installed."""
-    try:
-        from jobs_platform.schedule.state import TICKS_KEY
-    except ImportError:
-        return DEFAULT_BEAT_TICKS_KEY
+    """Beat's ticks hash (the scheduler's own name for it)."""
     return TICKS_KEY

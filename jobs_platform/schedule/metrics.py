@@ -24,6 +24,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from jobs_platform import metrics
 from jobs_platform.metrics import names
 from jobs_platform.metrics.counters import RecordedCounter
 
@@ -36,6 +37,4 @@ def on_beat_init(sender: Any = None, **_: Any) -> None:
     """Record beat's sends in the fleet's totals (a worker does it in its bootstep)."""
     app = getattr(sender, "app", None)
     if app is not None and getattr(app, "jobs_settings", None) is not None:
-        from jobs_platform import metrics
-
         metrics.activate(app)

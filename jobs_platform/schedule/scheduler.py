@@ -34,6 +34,7 @@ from celery import beat
 from jobs_platform import coordination
 from jobs_platform.clock import utcnow
 from jobs_platform.errors import ConfigError
+from jobs_platform.metrics import counters
 from jobs_platform.process_local import REDIS_TIMEOUT_S
 from jobs_platform.schedule import metrics, running
 from jobs_platform.schedule.leader import LeaderLock
@@ -388,7 +389,5 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                 pass  # the lock expires by itself
             self.leading = False
         # The last sends since the previous flush would otherwise miss the fleet's totals.
-        from jobs_platform.metrics import counters
-
         counters.flush()
         super().close()

@@ -25,9 +25,12 @@ from jobs_platform.brokers.redis.options import keys_for
 from jobs_platform.cli.metrics import metrics as metrics_command
 from jobs_platform.clock import utc_iso
 from jobs_platform.deadletter.store import DeadLetterStore
-from jobs_platform.metrics import exporter, keys, names
-from jobs_platform.metrics.collector import WORKER_RETENTION_S, JobsCollector, Sources
+from jobs_platform.exporter import server as exporter
+from jobs_platform.exporter.collector import WORKER_RETENTION_S, JobsCollector
+from jobs_platform.exporter.sources import Sources
+from jobs_platform.metrics import keys, names
 from jobs_platform.metrics.counters import BUCKET_LABELS, Recorder
+from jobs_platform.schedule.state import SKIPPED_KEY, TICKS_KEY
 from jobs_platform.testing import RedisServer, dead_letter, free_port
 from tests.support.metrics_app import family_names, samples, value
 
@@ -223,7 +226,7 @@ def test_spool_delayed_store_and_beat_ticks(app: Any, client: redis.Redis) -> No
     client.rpush(f"{spool}:rejected", "c")
     due = keys_for(app).due
     client.zadd(due, {"job-1": (NOW + 120) * 1000, "job-2": (NOW + 60) * 1000})  # ms
-    ticks, skipped = keys.beat_keys()
+    ticks, skipped = TICKS_KEY, SKIPPED_KEY
     client.hset(skipped, mapping={"overlap:nightly-report": 2, "missed:nightly-report": 1})
     client.hset(
         ticks,

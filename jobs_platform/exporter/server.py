@@ -14,7 +14,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest, start_http_server
 
-from jobs_platform.metrics.collector import JobsCollector, Sources
+from jobs_platform.exporter.collector import JobsCollector
+from jobs_platform.exporter.sources import Sources
 
 
 def registry_for(app: Any) -> CollectorRegistry:

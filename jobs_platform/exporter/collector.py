@@ -1,5 +1,5 @@
-"""The exporter's collector: every value read from Redis and the database when Prometheus
-scrapes, at a cost that does not grow with the backlog.
+"""The exporter's collector: every value read from the broker, the coordination Redis and
+the database when Prometheus scrapes, at a cost that does not grow with the backlog.
 
 Per scrape:
 
@@ -19,13 +19,13 @@ error is logged, so an alert can tell "no dead letters" from "cannot see them".
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import sqlalchemy as sa
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -34,16 +34,16 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from jobs_platform import brokers, coordination
-from jobs_platform.clock import unix_time
+from jobs_platform import brokers
+from jobs_platform.clock import as_utc, unix_time
+from jobs_platform.db import engine_for
+from jobs_platform.deadletter.model import REASONS, STATUSES
+from jobs_platform.deadletter.store import TABLE
+from jobs_platform.exporter.sources import Sources
 from jobs_platform.metrics import counters, keys, names
 
 logger = logging.getLogger("jobs_platform.metrics")
 
-#: A worker whose last report is older than this many flush intervals (plus the slack)
-#: is reported down.
-WORKER_LATE_INTERVALS = 3
-WORKER_LATE_SLACK_S = 5.0
 #: A worker silent for this long is no longer reported at all (and dropped from Redis):
 #: hostnames change with every container, the list must not grow forever.
 WORKER_RETENTION_S = 3600.0
@@ -51,37 +51,6 @@ WORKER_RETENTION_S = 3600.0
 ERROR_LOG_INTERVAL_S = 300.0
 
 _BUCKET_EDGES = counters.BUCKET_LABELS
-
-
-@dataclasses.dataclass(frozen=True)
-class Sources:
-    """What the collector reads, and where."""
-
-    #: The app whose broker's queues and delayed store are read.
-    app: Any
-    queues: tuple[str, ...]
-    redis_url: str
-    database_url: str | None
-    spool_key: str
-    beat_ticks_key: str
-    beat_skipped_key: str
-    worker_late_s: float
-
-    @classmethod
-    def from_app(cls, app: Any) -> Sources:
-        settings = app.jobs_settings
-        interval = counters.flush_interval(settings)
-        ticks_key, skipped_key = keys.beat_keys()
-        return cls(
-            app=app,
-            queues=tuple(q.name for q in (app.conf.task_queues or ())),
-            redis_url=coordination.url_of(settings),
-            database_url=settings.database_url,
-            spool_key=settings.dlq_spool_key,
-            beat_ticks_key=ticks_key,
-            beat_skipped_key=skipped_key,
-            worker_late_s=WORKER_LATE_INTERVALS * interval + WORKER_LATE_SLACK_S,
-        )
 
 
 class JobsCollector(Collector):
@@ -225,13 +194,6 @@ class JobsCollector(Collector):
     # -- the database ----------------------------------------------------------------------
 
     def _from_database(self, now: float) -> list[Metric]:
-        import sqlalchemy as sa
-
-        from jobs_platform.clock import as_utc
-        from jobs_platform.db import engine_for
-        from jobs_platform.deadletter.model import REASONS, STATUSES
-        from jobs_platform.deadletter.store import TABLE
-
         assert self.sources.database_url is not None
         c = TABLE.c
         query = sa.select(c.status, c.reason, sa.func.count(), sa.func.max(c.failed_at)).group_by(
