@@ -26,6 +26,9 @@ from jobs_platform.routing import QUEUE_NAMES, Router
 from jobs_platform.settings import Settings
 from jobs_platform.startup import RefuseUnsafePool, with_queue_check
 
+#: The cheap-retry bootstep (by name: only workers import it).
+CHEAP_RETRY_STEP = "jobs_platform.cheap_retry:CheapRetryStep"
+
 
 class JobsCelery(Celery):  # type: ignore[misc]
     """A Celery app that validates every ReliableTask when it is declared and at start-up."""
@@ -144,6 +147,8 @@ def create_app(main: str = "jobs_platform", **overrides: Any) -> JobsCelery:
     app.config_from_object(celery_config(settings, router))
     # A pool that ignores hard time limits would void the visibility-timeout invariant.
     app.steps["worker"].add(RefuseUnsafePool)
+    # Retries end without frame copies (a patch of one Celery name; said if it cannot).
+    app.steps["worker"].add(CHEAP_RETRY_STEP)
     # Unique-dispatch locks go when their job ends (connected once per process).
     unique.connect_receivers()
     # Dead letters: terminal failures stored once (drainer bootstep + signal receivers).

@@ -25,12 +25,12 @@ from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError
 
-from jobs_platform import brokers, bulk, coordination, dispatch, history, rules
+from jobs_platform import brokers, bulk, cheap_retry, coordination, dispatch, history, rules
 from jobs_platform.errors import ConfigError
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
 from jobs_platform.ratelimit import DEFERRED, limiter_for
-from jobs_platform.retry import classify, published
+from jobs_platform.retry import classify
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
 from jobs_platform.spec import OPTIONS, GiveUp, RetryIn, TaskSpec, resolve
@@ -244,7 +244,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             step = self.spec.decide(exc, attempt)
             if isinstance(step, RetryIn):
                 self._pause_on_too_many_requests(step)
-                # Ends this attempt without frame copies (jobs_platform.retry.published);
+                # Ends this attempt without frame copies (jobs_platform.cheap_retry);
                 # `from None`: the error travels in the history, not chained to the Retry.
                 raise self._publish_retry(exc, attempt, step) from None
             self._give_up(exc, attempt, step)
@@ -304,7 +304,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
 
     def _publish_retry(
         self, exc: Exception, attempt: int, step: RetryIn
-    ) -> published.PublishedRetry:
+    ) -> cheap_retry.PublishedRetry:
         """Publish the next attempt and return the Retry that ends this one.
 
         What ``Task.retry`` does once ``spec.decide`` has allowed the retry: the same
@@ -333,8 +333,8 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 # Celery's retry), which the dead-letter table records.
                 requeue = dispatch.broker_down(brokers.of(self.app), publish_failed)
                 raise Reject(publish_failed, requeue=requeue) from exc
-        published.install()  # the frames-free end of this attempt (see its module)
-        return published.PublishedRetry(
+        cheap_retry.install()  # the frames-free end of this attempt (see its module)
+        return cheap_retry.PublishedRetry(
             exc=exc, when=step.delay_s, is_eager=request.is_eager, sig=signature
         )
 

@@ -118,7 +118,7 @@ def _reliable_app(url: str, variant: str) -> tuple[Any, dict[str, Any], str]:
 
 def _celery_retry_base() -> Any:
     """ReliableTask with its retry published by Celery's ``Task.retry``, as it was before the
-    cheap end of a retry (jobs_platform.retry.published): the Retry is raised inside this
+    cheap end of a retry (jobs_platform.cheap_retry): the Retry is raised inside this
     helper, inside ``__call__``'s except block, so Celery copies four frames and formats the
     chained error."""
     from jobs_platform import ReliableTask

@@ -166,6 +166,13 @@ RATE_DEFERRED = _recorded(
     "Jobs re-published to wait for their turn under a shared rate limit (or a pause).",
     "key",
 )
+INTERNALS_UNAVAILABLE = _recorded(
+    "jobs_internals_unavailable_total",
+    "counter",
+    "Worker starts at which a private Celery name the platform patches was missing; the "
+    "feature fell back to Celery's own behaviour (jobs_platform/internals.py).",
+    "name",
+)
 
 BEAT_SENT = _recorded(
     "jobs_beat_sent_total",
@@ -264,6 +271,7 @@ ALL: tuple[Metric, ...] = (
     DEAD_LETTER_WEBHOOK_REQUESTS,
     DUPLICATES_SKIPPED,
     RATE_DEFERRED,
+    INTERNALS_UNAVAILABLE,
     BEAT_SENT,
     QUEUE_LENGTH,
     QUEUE_OLDEST_AGE,

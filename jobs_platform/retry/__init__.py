@@ -1,7 +1,7 @@
 """Pure retry policy: when to retry (classify), how long to wait (backoff), and the limits (policy).
 
-Nothing in this package imports Celery, so it is unit-tested in milliseconds; the one
-exception, :mod:`.published`, is the worker-side end of a retry ReliableTask has published.
+Nothing in this package imports Celery, so it is unit-tested in milliseconds (the
+worker-side end of a published retry is :mod:`jobs_platform.cheap_retry`).
 """
 
 from jobs_platform.retry.backoff import equal_jitter_delay

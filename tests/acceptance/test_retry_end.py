@@ -2,7 +2,7 @@
 Celery's own retry gave (real prefork worker, real Redis broker and result backend).
 
 ReliableTask publishes the next attempt itself and ends the attempt with a Retry whose
-exception info carries no frames (jobs_platform.retry.published). What readers of a retry
+exception info carries no frames (jobs_platform.cheap_retry). What readers of a retry
 get is proven here: the RETRY state in the result backend with the error, the
 ``task_retry`` signal (metrics and beat read it), the ``task-retried`` event (Flower), and
 the message options a retry must keep (a link callback runs once, after the success).

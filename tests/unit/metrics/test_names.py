@@ -57,6 +57,7 @@ def test_every_platform_counter_in_the_process_registry_is_in_the_table() -> Non
     # Importing the modules that define counters registers them; a counter defined outside
     # the table would be invisible to the exporter and to the ops checks.
     for module in (
+        "jobs_platform.cheap_retry",
         "jobs_platform.deadletter.metrics",
         "jobs_platform.idempotency.events",
         "jobs_platform.ratelimit",

@@ -15,8 +15,7 @@ from celery.app import trace
 from celery.exceptions import Reject, Retry
 from kombu.exceptions import EncodeError
 
-from jobs_platform import ReliableTask, TransientError, create_app
-from jobs_platform.retry import published
+from jobs_platform import ReliableTask, TransientError, cheap_retry, create_app
 from jobs_platform.spec import RetryIn
 
 
@@ -28,8 +27,8 @@ def raised(exc: BaseException) -> Any:
 
 
 def test_a_published_retry_gets_exception_info_without_frames() -> None:
-    retry = published.PublishedRetry(exc=TransientError("partner down"), when=2.0)
-    info = published.exception_info(raised(retry))
+    retry = cheap_retry.PublishedRetry(exc=TransientError("partner down"), when=2.0)
+    info = cheap_retry.exception_info(raised(retry))
     assert isinstance(info, ExceptionInfo)  # what the worker and Task.apply() expect
     assert info.tb is None
     assert isinstance(info.exception, ExceptionWithTraceback) and info.exception.exc is retry
@@ -47,7 +46,7 @@ def test_a_published_retry_gets_exception_info_without_frames() -> None:
     "exc", [Retry(exc=TransientError("x"), when=1), TransientError("x"), ValueError("y")]
 )
 def test_every_other_exception_gets_billiards_exception_info(exc: BaseException) -> None:
-    info = published.exception_info(raised(exc))
+    info = cheap_retry.exception_info(raised(exc))
     assert type(info) is ExceptionInfo
     assert info.tb is not None and "Traceback (most recent call last)" in info.traceback
 
@@ -62,14 +61,14 @@ def tracer_name() -> Iterator[None]:
 @pytest.mark.usefixtures("tracer_name")
 def test_install_is_idempotent_and_leaves_a_foreign_replacement_alone() -> None:
     trace.ExceptionInfo = ExceptionInfo
-    assert published.install() and published.install()
-    assert trace.ExceptionInfo is published.exception_info
+    assert cheap_retry.install() and cheap_retry.install()
+    assert trace.ExceptionInfo is cheap_retry.exception_info
 
     def someone_elses(*args: Any, **kwargs: Any) -> Any:
         return ExceptionInfo(*args, **kwargs)
 
     trace.ExceptionInfo = someone_elses
-    assert not published.install()
+    assert not cheap_retry.install()
     assert trace.ExceptionInfo is someone_elses
 
 

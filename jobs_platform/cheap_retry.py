@@ -16,18 +16,31 @@ else Celery does with a retry is left as it is (the RETRY state in the result ba
 text). Every other exception gets billiard's ``ExceptionInfo``, as before.
 
 This module replaces one name in ``celery.app.trace`` (``ExceptionInfo``, which the tracer
-only calls); it is the one place in this package that imports Celery.
+only calls; :mod:`jobs_platform.internals` lists it). Every worker installs it when it is
+built (:class:`CheapRetryStep`, before the pool forks its children); if Celery's tracer no
+longer has that name, the worker says so once at start-up and counts it in
+``jobs_internals_unavailable_total{name}``, and its retries cost what Celery's cost.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from billiard.einfo import ExceptionInfo, ExceptionWithTraceback
+from celery import bootsteps
 from celery.exceptions import Retry
 
 from jobs_platform.history import qualified_name
+from jobs_platform.metrics import names
+from jobs_platform.metrics.counters import RecordedCounter
+
+logger = logging.getLogger("jobs_platform.task")
+
+#: The name this module replaces, as :mod:`jobs_platform.internals` lists it.
+PATCHED = "celery.app.trace.ExceptionInfo"
+UNAVAILABLE = RecordedCounter(names.INTERNALS_UNAVAILABLE)
 
 _lock = threading.Lock()
 
@@ -85,3 +98,26 @@ def install() -> bool:
             return False
         trace.ExceptionInfo = exception_info
         return True
+
+
+class CheapRetryStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Installs the frameless retry end in the worker before its pool forks, and says once,
+    when the worker starts, if it could not (counted: the metrics are recording by then)."""
+
+    label = "jobs-platform cheap retries"
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.installed = install()
+
+    def start(self, worker: Any) -> None:
+        if self.installed:
+            return
+        UNAVAILABLE.labels(PATCHED).inc()
+        logger.warning(
+            "jobs.internals.unavailable: %s is not billiard's ExceptionInfo in this Celery: "
+            "retries record full tracebacks again and cost about twice the CPU "
+            "(see jobs_platform/internals.py)",
+            PATCHED,
+            extra={"event": "jobs.internals.unavailable", "internal": PATCHED},
+        )
