@@ -10,6 +10,9 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+#: ``JOBS_MAX_PAYLOAD_BYTES`` when nothing else is set (1 MiB).
+DEFAULT_MAX_BYTES = 1048576
+
 
 def arguments_json(args: Any, kwargs: Any, *, dumps: Callable[[Any], str] = json.dumps) -> str:
     """The JSON of ``[args, kwargs]`` as ``dumps`` writes it (kombu's for what is sent, which

@@ -24,17 +24,11 @@ from __future__ import annotations
 import difflib
 import inspect
 import math
-import urllib.parse
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
-from jobs_platform import brokers
-from jobs_platform.brokers import memory
-from jobs_platform.brokers import redis as redis_broker
-from jobs_platform.env import env_name
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.routing import QUEUE_NAMES, check_queue
-from jobs_platform.urls import masked
 
 #: A ceiling on ``max_retries``: unbounded retries are how "a bug that retries forever" happens.
 MAX_RETRIES_CEILING = 1000
@@ -69,43 +63,6 @@ def _did_you_mean(name: str, known: Iterable[str], cutoff: float) -> str | None:
 
 
 # -- settings ----------------------------------------------------------------------------------
-
-
-def check_broker_url(url: str, *, setting: str) -> str:
-    """Refuse a URL of no broker the platform has, naming ``setting``; the broker checks
-    the rest of its shape (:meth:`~jobs_platform.brokers.interface.Broker.check_url`).
-
-    Checked when the app is created, so a typo fails with the setting's name instead of a
-    ``ModuleNotFoundError`` from kombu or a hang at the first ``.delay()``.
-    """
-    if url == f"{memory.SCHEME}://":
-        return url
-    scheme = _scheme(
-        url, setting, brokers.WORKER_SCHEMES, "(jobs-platform runs on the Redis broker today)"
-    )
-    brokers.BY_SCHEME[scheme].check_url(url, setting=setting)
-    return url
-
-
-def check_coordination_url(url: str, *, setting: str) -> str:
-    """Coordination needs a Redis: ``redis[s]://[user:password@]host[:port][/db]``."""
-    why = "(coordination: locks, limits, beat, metric sums, needs a Redis)"
-    _scheme(url, setting, redis_broker.SCHEMES, why)
-    redis_broker.BROKER.check_url(url, setting=setting)
-    return url
-
-
-def _scheme(url: str, setting: str, allowed: Sequence[str], why: str) -> str:
-    """``url``'s scheme if it is one of ``allowed``; else ConfigError naming ``setting``."""
-    shown = masked(url)
-    try:
-        scheme = urllib.parse.urlsplit(url).scheme
-    except ValueError as exc:
-        raise ConfigError(f"{setting}={shown!r} is not a valid URL: {exc}") from None
-    if scheme not in allowed:
-        spelt = " or ".join(f"{name}://" for name in allowed)
-        raise ConfigError(f"{setting}={shown!r}: the scheme must be {spelt} {why}")
-    return scheme
 
 
 def check_visibility(*, visibility_timeout_s: float, margin_s: float) -> None:
@@ -145,11 +102,6 @@ def check_retry_policy(max_retries: Any, backoff_s: Any, backoff_max_s: Any) -> 
 def check_settings(values: Mapping[str, Any]) -> None:
     """Every rule the settings table must satisfy, given its values by setting name
     (``Settings.__post_init__`` calls this; the table is data to the rules)."""
-    check_broker_url(values["broker_url"], setting=env_name("broker_url"))
-    if values["result_backend"].split("://", 1)[0] in brokers.WORKER_SCHEMES:
-        check_broker_url(values["result_backend"], setting=env_name("result_backend"))
-    if values["coordination_url"]:
-        check_coordination_url(values["coordination_url"], setting=env_name("coordination_url"))
     check_visibility(
         visibility_timeout_s=values["visibility_timeout"], margin_s=values["visibility_margin"]
     )

@@ -16,9 +16,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from jobs_platform import events, rules
+from jobs_platform import brokers, events, rules
 from jobs_platform.env import env_name
 from jobs_platform.errors import ConfigError
+from jobs_platform.payload import DEFAULT_MAX_BYTES
 from jobs_platform.retry.policy import RetryPolicy
 
 logger = logging.getLogger("jobs_platform.settings")
@@ -158,7 +159,7 @@ class Settings:
         "dispatch with DispatchError.",
     )
     max_payload_bytes: int = _knob(
-        1048576,
+        DEFAULT_MAX_BYTES,
         "bytes",
         "Largest JSON of a job's arguments (`[args, kwargs]`): a larger one is refused at "
         "dispatch with DispatchError, and one that reaches a queue anyway becomes a `poison` "
@@ -236,6 +237,7 @@ class Settings:
         if not self.task_events_lease > 0:
             raise ConfigError(f"task_events_lease must be > 0 s, got {self.task_events_lease!r}")
         rules.check_settings(vars(self))
+        brokers.check_urls(vars(self))  # each broker knows the shape of its own URLs
 
     def default_policy(self) -> RetryPolicy:
         return RetryPolicy(

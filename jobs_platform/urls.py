@@ -2,7 +2,7 @@
 log line, :func:`masked` hides them.
 
 The broker URL's shape is checked when the app is created
-(:func:`jobs_platform.rules.check_broker_url`, and the broker's own ``check_url``).
+(:func:`jobs_platform.brokers.check_urls`, and each broker's own ``check_url``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from celery import current_app, signals
 from jobs_platform.deadletter.envelope import Refusal
 from jobs_platform.deadletter.metrics import WRITE_FAILURES
 from jobs_platform.deadletter.record import DeadLetter, clean_text
-from jobs_platform.settings import Settings
+from jobs_platform.payload import DEFAULT_MAX_BYTES
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -172,5 +172,7 @@ def taken_in(message: Any) -> bool:
 
 def max_payload_bytes() -> int:
     app, _ = worker_app()
-    settings = app.jobs_settings if app is not None else Settings
+    if app is None:
+        return DEFAULT_MAX_BYTES
+    settings = app.jobs_settings
     return int(settings.max_payload_bytes)

@@ -49,7 +49,6 @@ from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.spool import Spool
 from jobs_platform.deadletter.store import DeadLetterStore
 from jobs_platform.process_local import per_process
-from jobs_platform.settings import Settings
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -128,7 +127,8 @@ class _Breaker:
 
 
 class DeadLetterSink:
-    def __init__(self, settings: Settings, *, spool_url: str | None = None) -> None:
+    def __init__(self, settings: Any, *, spool_url: str | None = None) -> None:
+        """``settings``: the app's settings table (``app.jobs_settings``)."""
         self.settings = settings
         self.store = DeadLetterStore(settings.database_url)
         self.spool = Spool(spool_url or coordination.url_of(settings), settings.dlq_spool_key)

@@ -24,7 +24,7 @@ from celery import bootsteps
 from celery.worker import control as celery_control
 from celery.worker.consumer.events import Events
 
-from jobs_platform.events import AUTO, FLOWER_INTERVAL_S, OFF
+from jobs_platform.events.modes import AUTO, FLOWER_INTERVAL_S, OFF
 
 logger = logging.getLogger("jobs_platform.events")
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from jobs_platform import brokers, create_app, rules
+from jobs_platform import brokers, create_app
 from jobs_platform.brokers.memory import MemoryBroker
 from jobs_platform.brokers.redis import RedisBroker
 from jobs_platform.errors import ConfigError
@@ -26,7 +26,7 @@ def test_the_scheme_chooses_the_broker() -> None:
 def test_the_redis_broker_checks_the_rest_of_its_urls_shape() -> None:
     # The scheme is the rules' (tests/unit/test_new_user_defects.py); the shape the broker's.
     with pytest.raises(ConfigError, match="JOBS_BROKER_URL='redis://h:0/0': port 0"):
-        rules.check_broker_url("redis://h:0/0", setting="JOBS_BROKER_URL")
+        brokers.check_broker_url("redis://h:0/0", setting="JOBS_BROKER_URL")
 
 
 def test_the_delivery_timeout_on_redis_is_the_visibility_timeout() -> None:
