@@ -30,7 +30,7 @@ from jobs_platform.testing import RedisServer, dead_letter, free_port, wait_for
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 APP = "tests.support.health_app"
 
 

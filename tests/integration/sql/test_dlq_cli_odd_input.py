@@ -44,7 +44,7 @@ from tests.support.delayed_app import make_app as make_delayed_app
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CELERY_DLQ = [sys.executable, "-m", "celery", "-A", "tests.support.dlq_app", "dlq"]
 
 INJECTIONS = [
