@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 import pytest
 import sqlalchemy as sa
@@ -51,16 +50,6 @@ class ServiceRefused(pytest.fail.Exception):
     """
 
 
-def _env_port(variable: str) -> set[int]:
-    """The port a JOBS_TEST_* URL names: pointing the suite elsewhere moves the service."""
-    url = os.environ.get(variable)
-    try:
-        port = urlsplit(url).port if url else None
-    except ValueError:
-        return set()
-    return {port} if port else set()
-
-
 @dataclass(frozen=True)
 class Policy:
     refused_ports: frozenset[int]
@@ -69,7 +58,7 @@ class Policy:
     advice: str
 
 
-ANY_SERVICE = frozenset(SERVICE_PORTS) | _env_port("JOBS_TEST_REDIS") | _env_port("JOBS_TEST_PG")
+ANY_SERVICE = frozenset(SERVICE_PORTS)
 
 UNIT = Policy(
     refused_ports=ANY_SERVICE,
@@ -82,7 +71,7 @@ UNIT = Policy(
 )
 # PostgreSQL may be on another host (JOBS_TEST_PG), so only Redis and RabbitMQ are refused.
 SQL_ONLY = Policy(
-    refused_ports=REDIS_PORTS | RABBITMQ_PORTS | _env_port("JOBS_TEST_REDIS"),
+    refused_ports=REDIS_PORTS | RABBITMQ_PORTS,
     loopback_only=False,
     refused_programs=SERVER_PROGRAMS,
     advice="tests/integration/sql/ needs no Redis or RabbitMQ: move this test to "
@@ -133,7 +122,7 @@ class Guard:
 
     def check_address(self, host: str, port: int) -> None:
         if port in self.policy.refused_ports:
-            name = SERVICE_PORTS.get(port, "the service the suite is pointed at")
+            name = SERVICE_PORTS.get(port, "a service")
             self.refuse(f"connection to {host}:{port} ({name})")
         if self.policy.loopback_only and not is_loopback(host):
             self.refuse(f"connection to {host}:{port} (not loopback)")
