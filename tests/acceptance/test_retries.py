@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import uuid
 from typing import Any
@@ -9,7 +10,6 @@ from typing import Any
 import pytest
 import redis
 
-from jobs_platform.delayed.divert import eta_of
 from jobs_platform.testing import WorkerProcess, wait_for
 from tests.acceptance.conftest import copies_in_broker, runs, wait_state
 
@@ -25,9 +25,9 @@ def gaps(records: list[dict[str, Any]]) -> list[float]:
 
 
 def stamp(text: str) -> float:
-    moment = eta_of({"eta": text})  # the platform's reading of an ISO time (aware UTC)
-    assert moment is not None, text
-    return moment.timestamp()
+    """An ISO time from a message (Celery's eta, the history's "at") in epoch seconds."""
+    moment = dt.datetime.fromisoformat(text)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)).timestamp()  # naive: UTC
 
 
 #: The history stamps a failure ("at", ms) and Celery turns the drawn wait into the retry's
