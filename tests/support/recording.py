@@ -28,6 +28,7 @@ def record(task: Any, key: str) -> int:
     """Record this run; return how many runs (including this one) ``key`` has had."""
     delivery = task.request.delivery_info or {}
     errors = errors_of(task.request.headers)
+    last = errors[-1] if errors else None  # a hand-made message may hold any shape
     eta = task.request.eta
     entry = {
         "t": time.time(),
@@ -36,7 +37,7 @@ def record(task: Any, key: str) -> int:
         "priority": delivery.get("priority"),
         "retries": task.request.retries,
         "errors": len(errors),
-        "failed_at": errors[-1]["at"] if errors else None,
+        "failed_at": last.get("at") if isinstance(last, dict) else None,
         "eta": eta.isoformat() if isinstance(eta, dt.datetime) else eta,
         "task_id": task.request.id,
     }
