@@ -4,7 +4,7 @@ One worker per queue, started once for the module, each exactly as its ``worker-
 starts it (one pool process each), on a private redis-server and SQLite file of this
 module's own, so no canary is ever left for another module's workers. The health command
 always runs as a real subprocess. Failures that need no worker (broker, database, spool,
-beat, backlog) are in tests/integration/test_health.py.
+beat, backlog) are in tests/integration/redis/test_health.py.
 """
 
 from __future__ import annotations

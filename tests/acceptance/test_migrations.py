@@ -15,7 +15,7 @@ from jobs_platform import db
 from jobs_platform.testing import WorkerProcess, wait_for
 from tests.acceptance.conftest import ROOT
 from tests.conftest import fresh_pg_database
-from tests.integration.test_migrations import (
+from tests.integration.sql.test_migrations import (
     DEFAULT,
     HEAD,
     OURS,

@@ -96,13 +96,24 @@ import json, time
 from jobs_platform import DispatchError
 from myproj.jobs import greet
 
-started = time.monotonic()
+
+def cpu_wait():
+    # Seconds this process was ready to run but waiting for a CPU (Linux; 0 elsewhere).
+    try:
+        with open("/proc/self/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except OSError:
+        return 0.0
+
+
+waited, started = cpu_wait(), time.monotonic()
 try:
     greet.delay("nobody")
     out = {"raised": None}
 except DispatchError as exc:
     out = {"raised": str(exc)}
 out["elapsed"] = time.monotonic() - started
+out["cpu_wait"] = cpu_wait() - waited
 print(json.dumps(out))
 """
 
@@ -281,7 +292,10 @@ def test_an_unreachable_broker_fails_the_dispatch_within_the_bound(
     assert "JOBS_DISPATCH_TIMEOUT" in out["raised"]
     assert "s3cret" not in out["raised"]
     # Celery's own policy retried ~20 s; the bound is the setting plus connection set-up.
-    assert out["elapsed"] < 2 * 2.0, out
+    # Counted without the time the kernel kept the dispatch waiting for a CPU (other suites on
+    # 2 cores): that is the machine's load, not the dispatch's waiting (seen here: 1.07 s
+    # elapsed, 0.07 s of it on a CPU and 0.002 s waiting for one).
+    assert out["elapsed"] - out["cpu_wait"] < 2 * 2.0, out
 
 
 def test_worker_refuses_an_unknown_queue_naming_the_declared_ones(

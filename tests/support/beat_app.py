@@ -1,4 +1,4 @@
-"""An app with recurring entries, for the beat tests (tests/integration/test_schedule*.py,
+"""An app with recurring entries, for the beat tests (tests/integration/redis/test_schedule*.py,
 tests/acceptance/test_beat*.py).
 
 The schedule comes from ``JPTEST_BEAT_ENTRIES`` (JSON: name -> ``{"task", "every" (seconds),

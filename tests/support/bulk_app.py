@@ -1,4 +1,4 @@
-"""Tasks for the bulk-dispatch tests (tests/integration/test_bulk_dispatch.py).
+"""Tasks for the bulk-dispatch tests (tests/integration/redis/test_bulk_dispatch.py).
 
 Workers run ``-A tests.support.bulk_app`` with ``JOBS_BROKER_URL`` set to the test's own
 Redis; a test process builds its own app for its broker with :func:`make_app` (this module

@@ -1,11 +1,13 @@
 """Test tasks record each run in Redis so tests can count attempts and measure gaps.
 
 ``jptest:runs:<key>`` gets one JSON record per run (time, host, queue, priority, retries,
-history length). The Redis is the broker's (the test session's own database).
+history length, and what the message says of its timing: its ``eta`` and when the attempt
+before it failed). The Redis is the broker's (the test session's own database).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import json
 import os
@@ -25,13 +27,18 @@ def client() -> redis.Redis:
 def record(task: Any, key: str) -> int:
     """Record this run; return how many runs (including this one) ``key`` has had."""
     delivery = task.request.delivery_info or {}
+    errors = errors_of(task.request.headers)
+    last = errors[-1] if errors else None  # a hand-made message may hold any shape
+    eta = task.request.eta
     entry = {
         "t": time.time(),
         "host": task.request.hostname,
         "queue": delivery.get("routing_key"),
         "priority": delivery.get("priority"),
         "retries": task.request.retries,
-        "errors": len(errors_of(task.request.headers)),
+        "errors": len(errors),
+        "failed_at": last.get("at") if isinstance(last, dict) else None,
+        "eta": eta.isoformat() if isinstance(eta, dt.datetime) else eta,
         "task_id": task.request.id,
     }
     return int(client().rpush(f"jptest:runs:{key}", json.dumps(entry)))

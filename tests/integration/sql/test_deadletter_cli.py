@@ -20,13 +20,14 @@ from jobs_platform.cli.options import parse_since
 from jobs_platform.deadletter.model import REASONS
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.store import DeadLetterStore
+from tests.support.guards import NO_BROKER
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()
-def app(sqlite_url: str, redis_url: str) -> Any:
-    return create_app("clitest", database_url=sqlite_url, broker_url=redis_url)
+def app(sqlite_url: str) -> Any:
+    return create_app("clitest", database_url=sqlite_url, broker_url=NO_BROKER)
 
 
 def run(app: Any, group: Any, *args: str) -> Any:

@@ -31,7 +31,7 @@ from tests.support.delayed_app import declare, make_app
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 APP = "tests.support.delayed_app"
 LONG_TASK = "myproj.billing.reminders.remind_enterprise_customer_about_renewal"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

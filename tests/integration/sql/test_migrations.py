@@ -29,7 +29,7 @@ from tests.conftest import fresh_pg_database
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OURS = "jobs_platform_alembic_version"
 DEFAULT = "alembic_version"
 HEAD = "0002"

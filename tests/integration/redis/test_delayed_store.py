@@ -35,7 +35,7 @@ from tests.support.delayed_app import make_app
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NOW_MS = 1_800_000_000_000
 
 

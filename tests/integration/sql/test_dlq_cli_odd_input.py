@@ -7,6 +7,9 @@ NUL and text that is not UTF-8 cannot be stored at all: a usage error (exit 2), 
 the real ``celery`` command given bytes that are not UTF-8. What a message stored (task
 name, error, traceback, raw body, arguments of any JSON shape) is printed escaped: it
 cannot drive the operator's terminal, fake a line or be read as rich markup.
+
+What needs the broker (a replay, the delayed store's commands) is in
+tests/integration/redis/test_dlq_cli_odd_input.py.
 """
 
 from __future__ import annotations
@@ -32,19 +35,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jobs_platform import create_app, db
-from jobs_platform.cli.delayed import delayed
 from jobs_platform.cli.dlq import dlq
 from jobs_platform.deadletter.letters import failure_letter
 from jobs_platform.deadletter.model import REASONS
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.store import DeadLetterStore
-from jobs_platform.testing import RedisServer
 from tests.conftest import fresh_pg_database
-from tests.support.delayed_app import make_app as make_delayed_app
+from tests.support.guards import NO_BROKER
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CELERY_DLQ = [sys.executable, "-m", "celery", "-A", "tests.support.dlq_app", "dlq"]
 
 INJECTIONS = [
@@ -87,8 +88,8 @@ def database(
 
 
 @pytest.fixture(scope="module")
-def app(database: str, redis_url: str) -> Any:
-    return create_app("oddcli", database_url=database, broker_url=redis_url)
+def app(database: str) -> Any:
+    return create_app("oddcli", database_url=database, broker_url=NO_BROKER)
 
 
 @pytest.fixture(scope="module")
@@ -346,25 +347,6 @@ def test_a_letter_keeps_arguments_of_any_shape(
     assert [listed_row["args"], listed_row["kwargs"]] == expected
 
 
-def test_a_letter_with_arguments_celery_cannot_send_is_refused_and_the_replay_goes_on(
-    app: Any, store: DeadLetterStore
-) -> None:
-    odd = store.add(died_of("abc", {}))
-    good = store.add(died_of([1], {}))
-    assert odd is not None and good is not None
-    result = run(app, "replay", str(odd), str(good), "--reason", "odd args", "--json")
-    assert result.exit_code == 1, result.output  # 1: a row was refused
-    outcomes = {r["id"]: r for r in listed_lines(result)}
-    assert "not a list" in outcomes[odd]["why"], outcomes[odd]
-    odd_row, good_row = store.get(odd), store.get(good)
-    assert odd_row is not None and odd_row["status"] == "dead"
-    assert good_row is not None and good_row["status"] == "replayed"
-
-
-def listed_lines(result: Result) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-
-
 @EXAMPLES
 @given(args=JSON_VALUES, kwargs=JSON_VALUES)
 def test_any_json_arguments_are_stored_and_shown_as_given(
@@ -378,42 +360,3 @@ def test_any_json_arguments_are_stored_and_shown_as_given(
     shown = run(app, "show", str(row_id))
     assert shown.exit_code == 0, shown.output
     assert "\x1b" not in shown.output
-
-
-# -- the delayed store (Redis) reads the same way --------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def delayed_app() -> Iterator[Any]:
-    with RedisServer() as server:
-        yield make_delayed_app(broker_url=server.url)
-
-
-def test_delayed_commands_refuse_bytes_redis_cannot_take_and_print_escaped(
-    delayed_app: Any,
-) -> None:
-    def run_delayed(*args: str) -> Result:
-        return CliRunner().invoke(delayed, list(args), obj=SimpleNamespace(app=delayed_app))
-
-    for args, name in (
-        (["show", "caf\udce9"], "TASK_ID"),
-        (["cancel", "ok", "caf\udce9", "--reason=x"], "TASK_IDS"),
-        (["list", "--task=\udcff"], "--task"),
-        (["list", "--queue=\udcff"], "--queue"),
-        (["cancel", "ok", "--reason=\udcff"], "--reason"),
-    ):
-        done = run_delayed(*args)
-        assert done.exit_code == 2, (args, done.output, done.exception)
-        assert name in done.output and "not valid UTF-8" in done.output
-
-    task_id = str(
-        delayed_app.send_task(
-            EVIL, args=[EVIL], countdown=3600, queue="fast", ignore_result=True
-        ).id
-    )
-    for args in (["list", f"--task={EVIL}"], ["show", task_id], ["cancel", task_id, "--reason=x"]):
-        done = run_delayed(*args)
-        assert done.exit_code == 0, (args, done.output)
-        assert "\x1b" not in done.output and "\\x1b]0;owned" in done.output, (args, done.output)
-    missing = run_delayed("show", f"gone{EVIL}")
-    assert missing.exit_code == 1 and "\x1b" not in missing.output

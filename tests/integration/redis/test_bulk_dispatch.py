@@ -32,7 +32,7 @@ from tests.support.bulk_app import declare, make_app
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 #: Fields each message has of its own; everything else must be identical.
 OWN_HEADERS = {"id", "root_id", "argsrepr", "kwargsrepr", "eta", ENQUEUED_HEADER}
 OWN_PROPERTIES = {"correlation_id", "delivery_tag"}

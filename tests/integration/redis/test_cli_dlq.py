@@ -40,7 +40,7 @@ from tests.conftest import fresh_pg_database
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 APP = "tests.support.dlq_app"
 LONG_TASK = "myproj.billing.tasks.charge_invoice_for_enterprise_customer"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
