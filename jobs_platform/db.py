@@ -206,8 +206,12 @@ def legacy_revision(url: str) -> str | None:
 
 @contextlib.contextmanager
 def _migration_lock(url: str) -> Iterator[None]:
+    if url.startswith("sqlite"):
+        with _sqlite_migration_lock(url):
+            yield
+        return
     if not url.startswith("postgresql"):
-        yield  # SQLite serialises writers itself
+        yield
         return
     with engine_for(url).connect() as lock_conn:
         lock_conn.execute(sa.text("SELECT pg_advisory_lock(:id)"), {"id": _MIGRATION_LOCK_ID})
@@ -215,6 +219,25 @@ def _migration_lock(url: str) -> Iterator[None]:
             yield
         finally:
             lock_conn.execute(sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _MIGRATION_LOCK_ID})
+
+
+@contextlib.contextmanager
+def _sqlite_migration_lock(url: str) -> Iterator[None]:
+    """An exclusive lock on a file beside the database (SQLite lives on one host): two
+    workers starting at once must not both apply a revision Alembic read as pending. The
+    database's own write lock cannot serve, as a migration runs several transactions."""
+    import fcntl
+
+    database = sa.engine.make_url(url).database
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _move_legacy_revision(url: str) -> LegacyMove | None:
