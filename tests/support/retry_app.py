@@ -31,6 +31,8 @@ app = create_app(
 
 @signals.task_retry.connect
 def _record_retry(sender: Any = None, request: Any = None, reason: Any = None, **kw: Any) -> None:
+    if getattr(sender, "app", None) is not app:
+        return  # a receiver for every app in the process: record only this app's retries
     einfo = kw.get("einfo")
     client().rpush(
         f"jptest:retry-signal:{request.id}",

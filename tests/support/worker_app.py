@@ -24,6 +24,8 @@ app = create_app(
 def _count_failure(
     sender: Any = None, task_id: str | None = None, exception: Any = None, **_: Any
 ) -> None:
+    if getattr(sender, "app", None) is not app:
+        return  # a receiver for every app in the process: record only this app's failures
     record_failure(task_id, exception)
 
 
