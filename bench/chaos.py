@@ -402,16 +402,19 @@ class Fleet:
             self.kill_windows.append((queue, killed_at, time.time()))
             self.workers[queue] = self._new(queue).start(wait=False)
 
-    def kill_child(self, queue: str, rng: random.Random) -> bool | None:
-        """SIGKILL one pool process of the worker (its main process forks a new one): one
-        busy with a job if there is one (True), else any (False); None if it had none."""
+    def kill_child(
+        self, queue: str, rng: random.Random, signum: int = signal.SIGKILL
+    ) -> bool | None:
+        """SIGKILL (or ``signum``: SIGTERM is how Celery cancels) one pool process of the
+        worker (its main process forks a new one): one busy with a job if there is one
+        (True), else any (False); None if it had none."""
         worker = self.workers[queue]
         children = pool_children(worker.process.pid) if worker.process else []
         if not children:
             return None
         busy = [pid for pid in children if self._busy(pid)]
         with contextlib.suppress(ProcessLookupError):
-            os.kill(rng.choice(busy or children), signal.SIGKILL)
+            os.kill(rng.choice(busy or children), signum)
         self.child_kills.append((queue, time.time()))
         return bool(busy)
 
@@ -453,6 +456,8 @@ class Faults:
     child_kills: int = 0
     busy_child_kills: int = 0  # the process was running a job
     child_kills_missed: int = 0  # the worker had no pool process at that moment
+    child_terms: int = 0  # SIGTERM to a pool process (Celery's own cancel signal)
+    busy_child_terms: int = 0
     redis_restarts: int = 0
     db_cuts: int = 0
     gateway_503s: int = 0
@@ -503,7 +508,7 @@ class Chaos(threading.Thread):
             self.error = exc
 
     def _run(self) -> None:
-        kinds = ["worker", "child"]
+        kinds = ["worker", "child", "term"]
         next_fault = time.monotonic() + self.every_s
         next_gateway = time.monotonic() + 3.0
         while not self.done.wait(0.2):
@@ -521,7 +526,7 @@ class Chaos(threading.Thread):
             elif now >= next_fault:
                 ready = [queue for queue in QUEUE_NAMES if self.fleet.ready(queue)]
                 if ready:  # a worker still starting up is not worth killing again
-                    kinds.reverse()
+                    kinds.append(kinds.pop(0))
                     self._kill(kinds[0], self.rng.choice(ready))
                 next_fault = time.monotonic() + self.every_s * self.rng.uniform(0.7, 1.3)
         self.faults.gateway_503s = self.gateway.busy
@@ -536,13 +541,19 @@ class Chaos(threading.Thread):
             self.faults.worker_kills += 1
             self.fleet.kill_worker(queue)
             return
-        busy = self.fleet.kill_child(queue, self.rng)
+        term = kind == "term"
+        busy = self.fleet.kill_child(queue, self.rng, signal.SIGTERM if term else signal.SIGKILL)
         if busy is None:
             self.faults.child_kills_missed += 1
             return
-        self._say(f"SIGKILL one pool process of worker {queue} ({'busy' if busy else 'idle'})")
-        self.faults.child_kills += 1
-        self.faults.busy_child_kills += busy
+        how = "SIGTERM" if term else "SIGKILL"
+        self._say(f"{how} one pool process of worker {queue} ({'busy' if busy else 'idle'})")
+        if term:
+            self.faults.child_terms += 1
+            self.faults.busy_child_terms += busy
+        else:
+            self.faults.child_kills += 1
+            self.faults.busy_child_kills += busy
 
     def _restart_redis(self) -> None:
         self._say("SIGKILL redis-server; restarting it on the same port and AOF directory")
@@ -1324,6 +1335,8 @@ def _verdict(
             "worker_kills": faults.worker_kills,
             "pool_process_kills": faults.child_kills,
             "pool_process_kills_during_a_job": faults.busy_child_kills,
+            "pool_process_sigterms": faults.child_terms,
+            "pool_process_sigterms_during_a_job": faults.busy_child_terms,
             "redis_restarts": faults.redis_restarts,
             "db_cuts": faults.db_cuts,
             "gateway_503s": faults.gateway_503s,
@@ -1362,6 +1375,8 @@ def _print_report(report: dict[str, Any]) -> None:
         f"delayed {f['delayed']}",
         f"faults: {faults['worker_kills']} worker kills, {faults['pool_process_kills']} pool "
         f"process kills ({faults['pool_process_kills_during_a_job']} during a job), "
+        f"{faults['pool_process_sigterms']} pool process SIGTERMs "
+        f"({faults['pool_process_sigterms_during_a_job']} during a job), "
         f"{faults['redis_restarts']} redis restart, {faults['db_cuts']} "
         f"database cut, {faults['gateway_503s']} gateway 503s; "
         f"{f['worker_exits_not_caused_by_the_soak']} worker exits the soak did not cause",

@@ -79,7 +79,8 @@ class JobsCelery(Celery):  # type: ignore[misc]
                     longest_wait_s=task.spec.policy.longest_wait_s,
                     hard_limit_s=task.time_limit,
                     soft_limit_s=task.soft_time_limit,
-                    visibility_timeout_s=delivery.seconds,
+                    delivery_timeout_s=delivery.seconds if delivery.bounds_running_jobs else None,
+                    delivery_timeout_name=delivery.name,
                     margin_s=settings.visibility_margin,
                     max_delay_s=settings.max_delay,
                 )

@@ -17,6 +17,15 @@ ERRORS_HEADER = "jobs_errors"
 ENQUEUED_HEADER = "jobs_enqueued_at"
 #: Set by a dead-letter replay, so a replayed job that dies again links to its row.
 REPLAY_OF_HEADER = "jobs_replay_of"
+#: Set on a message put back because the worker holding it lost its lease (the value: that
+#: worker's owner id; jobs_platform.brokers.redis.liveness): the delivery that takes it
+#: counts a lost attempt. It describes one delivery, so a retry does not carry it.
+LOST_WORKER_HEADER = "jobs_lost_worker"
+#: A job deferred by a rate limit reserved this start (ms, the limiter's clock): it runs then
+#: without asking again (jobs_platform.ratelimit). One delivery's too.
+RATE_SLOT_HEADER = "jobs_rate_slot"
+#: Headers that describe one delivery of a job, not the job: an attempt's retry drops them.
+PER_DELIVERY_HEADERS = (LOST_WORKER_HEADER, RATE_SLOT_HEADER)
 #: Request attribute where ReliableTask hands the failure it gave up on (a
 #: :class:`FinalFailure`) to the dead-letter receiver, as the task raised it: Celery swaps
 #: an exception it cannot pickle (urllib's HTTPError, httpx's HTTPStatusError) for a
@@ -96,7 +105,8 @@ def errors_of(headers: Mapping[str, Any] | None) -> list[dict[str, Any]]:
 
 
 def with_error(headers: Mapping[str, Any] | None, item: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``headers`` with ``item`` appended to the history."""
-    new = dict(headers or {})
+    """A copy of ``headers`` for the next attempt: ``item`` appended to the history, what
+    described the last delivery (:data:`PER_DELIVERY_HEADERS`) dropped."""
+    new = {k: v for k, v in (headers or {}).items() if k not in PER_DELIVERY_HEADERS}
     new[ERRORS_HEADER] = [*errors_of(headers), item][-MAX_ENTRIES:]
     return new

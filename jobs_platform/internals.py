@@ -207,6 +207,35 @@ INTERNALS: tuple[Internal, ...] = (
         "how many messages a worker held when its connection died (kept, not restored)",
         "a public count of held deliveries",
     ),
+    # -- worker leases ---------------------------------------------------------------------------
+    Internal(
+        "kombu.transport.redis:QoS",
+        "restore_visible",
+        "overridden",
+        "jobs_platform.brokers.redis.liveness",
+        "kombu's restore cycle (every restore interval, in the consuming loop) carries the "
+        "worker's lease renewal and the claim of lost workers' jobs",
+        "a periodic hook of the consuming channel",
+        params=("self", "start", "num", "interval"),
+    ),
+    Internal(
+        "kombu.transport.redis:QoS",
+        "_remove_from_indices",
+        "overridden",
+        "jobs_platform.brokers.redis.liveness",
+        "an acked, rejected or restored job leaves its owner's held set in the same pipeline",
+        "an ack hook on the QoS",
+        params=("self", "delivery_tag", "pipe"),
+    ),
+    Internal(
+        _REDIS,
+        "_do_restore_message",
+        "called",
+        "jobs_platform.brokers.redis.liveness",
+        "a lost worker's job goes back to its queue exactly as kombu's restore_by_tag puts it",
+        "restore_by_tag with a hook to mark the message",
+        params=("self", "payload", "exchange", "routing_key", "pipe", "leftmost"),
+    ),
     # -- dead letters ---------------------------------------------------------------------------
     Internal(
         "celery.worker.request:Request",

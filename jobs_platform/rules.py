@@ -137,6 +137,11 @@ def check_settings(values: Mapping[str, Any]) -> None:
         raise ConfigError("flower_state_save_interval must be >= 0 (0: save only at shutdown)")
     if not values["delayed_key_prefix"]:
         raise ConfigError("delayed_key_prefix must not be empty")
+    check_worker_lease(
+        lease_s=values["worker_lease"],
+        restore_interval_s=values["unacked_restore_interval"],
+        visibility_s=values["visibility_timeout"],
+    )
     check_queue_objectives(values["queue_objectives"])
     check_queue(values["default_queue"], what="default_queue")
     for pattern, queue in values["routes"].items():
@@ -268,30 +273,34 @@ def check_task_limits(
     longest_wait_s: float,
     hard_limit_s: float | None,
     soft_limit_s: float | None,
-    visibility_timeout_s: float,
+    delivery_timeout_s: float | None,
+    delivery_timeout_name: str,
     margin_s: float,
     max_delay_s: float,
 ) -> None:
-    """A task's hard limit must fit in the visibility timeout minus the margin (beyond it
-    the broker hands the running message to a second worker and the job runs twice), and
-    its longest retry wait in JOBS_MAX_DELAY. A wait that does not fit beside the run in the
-    visibility timeout goes to the durable delayed store instead of a worker's memory
-    (jobs_platform.delayed), so waits themselves may be hours."""
-    budget = visibility_timeout_s - margin_s
+    """A task needs a hard limit; where the broker gives a job held longer than its delivery
+    timeout to another worker even while it runs (``delivery_timeout_s``; None: the broker
+    never does while the worker lives, as the Redis broker with worker leases), the hard
+    limit must end within it minus the margin, or the job runs twice. Its longest retry wait
+    must fit in JOBS_MAX_DELAY; a wait may be hours (a long one waits in the broker's delayed
+    store, not a worker's memory)."""
+    budget = None if delivery_timeout_s is None else delivery_timeout_s - margin_s
     if hard_limit_s is None:
-        raise ConfigError(
-            f"task {task!r} has no hard time limit: set time_limit (seconds) below "
-            f"{budget:g} s (visibility timeout {visibility_timeout_s:g} s "
+        where = (
+            ""
+            if budget is None
+            else f" below {budget:g} s ({delivery_timeout_name} {delivery_timeout_s:g} s "
             f"minus margin {margin_s:g} s)"
         )
+        raise ConfigError(f"task {task!r} has no hard time limit: set time_limit (seconds){where}")
     for label, value in (("time_limit", hard_limit_s), ("soft_time_limit", soft_limit_s)):
         if value is not None and value <= 0:
             raise ConfigError(f"task {task!r}: {label} must be > 0 seconds, got {value}")
-    if hard_limit_s >= budget:
+    if budget is not None and hard_limit_s >= budget:
         raise ConfigError(
-            f"task {task!r}: time_limit {hard_limit_s:g} s is not below the visibility "
-            f"timeout minus margin ({visibility_timeout_s:g} - {margin_s:g} = {budget:g} s); "
-            "a still-running task would be delivered to a second worker"
+            f"task {task!r}: time_limit {hard_limit_s:g} s is not below the "
+            f"{delivery_timeout_name} minus margin ({delivery_timeout_s:g} - {margin_s:g} = "
+            f"{budget:g} s); a still-running task would be delivered to a second worker"
         )
     if soft_limit_s is not None and soft_limit_s >= hard_limit_s:
         raise ConfigError(
@@ -302,6 +311,24 @@ def check_task_limits(
         raise ConfigError(
             f"task {task!r}: retry_backoff_max {longest_wait_s:g} s is longer than "
             f"JOBS_MAX_DELAY ({max_delay_s:g} s)"
+        )
+
+
+def check_worker_lease(*, lease_s: float, restore_interval_s: float, visibility_s: float) -> None:
+    """The worker lease is renewed every restore interval, and the visibility timeout is
+    only its backstop: the lease must outlast two renewals, and lease plus one sweep must
+    end before the visibility timeout, or kombu's sweep would come first."""
+    check_positive(lease_s, what="worker_lease")
+    if restore_interval_s > lease_s / 2:
+        raise ConfigError(
+            f"unacked_restore_interval {restore_interval_s:g} s must be at most half of "
+            f"worker_lease {lease_s:g} s: the lease is renewed once per restore interval"
+        )
+    if lease_s + restore_interval_s >= visibility_s:
+        raise ConfigError(
+            f"worker_lease {lease_s:g} s + unacked_restore_interval {restore_interval_s:g} s "
+            f"must be below visibility_timeout {visibility_s:g} s: a dead worker's jobs come "
+            "back when its lease runs out; the visibility timeout is only the backstop"
         )
 
 

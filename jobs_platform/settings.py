@@ -70,6 +70,13 @@ class Settings:
         "s",
         "Safety margin kept below the visibility timeout.",
     )
+    worker_lease: float = _knob(
+        15.0,
+        "s",
+        "A worker's liveness lease, renewed every restore interval by its consuming loop: "
+        "when it runs out (the worker died, its loop is stuck), any live worker puts the "
+        "jobs it held back on their queues. The visibility timeout is only the backstop.",
+    )
     unacked_restore_interval: float = _knob(
         5.0,
         "s",

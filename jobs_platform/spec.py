@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from jobs_platform import rules
+from jobs_platform import brokers, rules
 from jobs_platform.errors import ConfigError
 from jobs_platform.profiles import PROFILES
 from jobs_platform.ratelimit import Rate, parse_rate
@@ -167,12 +167,14 @@ def resolve(
     hard = profile.time_limit_s if hard is None else hard
     soft = option("soft_time_limit")
     soft = min(profile.soft_time_limit_s, hard * 0.9) if soft is None else soft
+    delivery = brokers.for_url(settings.broker_url).delivery_timeout(settings)
     rules.check_task_limits(
         name,
         longest_wait_s=policy.longest_wait_s,
         hard_limit_s=hard,
         soft_limit_s=soft,
-        visibility_timeout_s=settings.visibility_timeout,
+        delivery_timeout_s=delivery.seconds if delivery.bounds_running_jobs else None,
+        delivery_timeout_name=delivery.name,
         margin_s=settings.visibility_margin,
         max_delay_s=settings.max_delay,
     )

@@ -1,15 +1,14 @@
 """Worker start-up checks that need the running worker (its pool), not just the app.
 
-The visibility-timeout invariant (every hard time limit below the visibility timeout
-minus the margin) is only true if the pool *enforces* hard time limits. Prefork kills the
-child at the limit. gevent raises ``gevent.Timeout`` in the task where it yields (socket
-I/O, sleeps); code that never yields is covered by the watchdog
+Every job must end by its hard time limit, which is only true if the pool *enforces* it:
+the idempotency leases, the retry budget and the dead-letter reason ``time_limit`` rest on
+it. Prefork kills the child at the limit. gevent raises ``gevent.Timeout`` in the task where
+it yields (socket I/O, sleeps); code that never yields is covered by the watchdog
 (:mod:`jobs_platform.cooperative`), which this check pulls into every worker. Celery's threads
 and solo pools ignore hard limits, and eventlet is not watched, so a hung task there would
-outlive the visibility timeout and be delivered to a second worker while still running:
-such a worker is refused at start-up instead. So is a prefetch multiplier above 1: with
-late acks a prefetched message waits unacknowledged behind a running task, and that wait
-counts against the visibility timeout too.
+hold its job (and its lease) forever: such a worker is refused at start-up instead. So is a
+prefetch multiplier above 1: with late acks a prefetched message waits unacknowledged
+behind a running task, on a broker whose delivery timeout counts that wait too.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ class FreezeBeforeFork(bootsteps.Step):  # type: ignore[misc]
 
 
 class RefuseUnsafePool(bootsteps.Step):  # type: ignore[misc]
-    """Refuse to start a worker whose pool or prefetch would void the visibility invariant."""
+    """Refuse to start a worker whose pool does not enforce hard limits, or that prefetches."""
 
     label = "jobs-platform pool check"
     # Required steps join the worker with this one: a cooperative pool is safe only with

@@ -38,13 +38,16 @@ class InflightState:
 @dataclasses.dataclass(frozen=True)
 class DeliveryTimeout:
     """How long the broker lets a worker hold a job unacknowledged before giving it to
-    another worker: every hard time limit must end safely before it."""
+    another worker."""
 
     #: What the broker calls it, for messages ("visibility timeout").
     name: str
     #: The setting that sets it.
     setting: str
     seconds: float
+    #: Whether a job still running when it passes is given to another worker (then every
+    #: hard time limit must end before it); False when only a lost worker's jobs are.
+    bounds_running_jobs: bool = True
 
 
 class DelayedStore(Protocol):
@@ -140,6 +143,6 @@ class Broker(Protocol):
     def delayed_store(self, app: Any) -> DelayedStore | None:
         """The store of long delays, or ``None`` when the broker delays messages itself."""
 
-    def restore_sweep(self, app: Any) -> Sweep | None:
-        """For a worker without an event loop (gevent): what its timer runs to put expired
-        unacknowledged jobs back, or ``None`` when the broker needs none."""
+    def restore_sweep(self, worker: Any) -> Sweep | None:
+        """For a worker without an event loop (gevent): what its timer runs to keep the
+        broker's upkeep of held jobs going, or ``None`` when the broker needs none."""

@@ -54,7 +54,7 @@ class MemoryBroker(RedisBroker):
     def delayed_store(self, app: Any) -> None:
         return None
 
-    def restore_sweep(self, app: Any) -> Sweep | None:
+    def restore_sweep(self, worker: Any) -> Sweep | None:
         return None
 
 

@@ -25,7 +25,8 @@ def claim(task: Any, calls: list[Call]) -> dict[int, str]:
     if not locked:
         return {}
     holders = unique.locks_for(coordination.url_of(task.app.jobs_settings)).acquire_many(
-        [(str(call.identity), call.task_id) for call in locked], task.spec.unique_for_s
+        [(str(call.identity), call.task_id) for call in locked],
+        unique.pending_s(task.app.jobs_settings, task.spec.unique_for_s),
     )
     held: dict[int, str] = {}
     for call, text in zip(locked, holders, strict=True):
@@ -40,6 +41,14 @@ def claim(task: Any, calls: list[Call]) -> dict[int, str]:
                 text,
             )
     return held
+
+
+def confirm(task: Any, calls: list[Call]) -> None:
+    """These calls are published: their locks live ``unique_for`` from now."""
+    locked = [(str(call.identity), call.task_id) for call in calls if call.identity is not None]
+    if locked:
+        locks = unique.locks_for(coordination.url_of(task.app.jobs_settings))
+        locks.confirm_many(locked, task.spec.unique_for_s)
 
 
 def release(task: Any, calls: list[Call]) -> None:

@@ -74,6 +74,7 @@ def _publish_chunks(
                 progress.writing = len(part)
                 sink.flush()
                 progress.enqueued, progress.writing = progress.enqueued + len(part), 0
+            claims.confirm(task, part)  # out: their locks now live unique_for
         ok = True
     finally:
         sink.close(discard=not ok)

@@ -69,7 +69,7 @@ class Cooperative(bootsteps.StartStopStep):  # type: ignore[misc]
                 budget_s=broker.delivery_timeout(settings).seconds - settings.visibility_margin,
                 default_limit_s=worker.time_limit,
             )
-            self.sweep = broker.restore_sweep(app)
+            self.sweep = broker.restore_sweep(worker)
         return self
 
     def start(self, worker: Any) -> None:

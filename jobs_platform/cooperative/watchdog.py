@@ -33,7 +33,7 @@ from billiard.einfo import ExceptionInfo
 from billiard.exceptions import WorkerLostError
 from celery.worker import state
 
-from jobs_platform import coordination, process_local
+from jobs_platform import coordination, history, process_local
 from jobs_platform.cooperative.policy import (
     EXIT_STATUS,
     LOST_MARK_TTL_S,
@@ -43,6 +43,7 @@ from jobs_platform.cooperative.policy import (
     overdue,
     tick_for,
 )
+from jobs_platform.deadletter import spool
 
 logger = logging.getLogger("jobs_platform.cooperative")
 
@@ -180,16 +181,63 @@ class Monitor:
 
 
 class LostAttempts:
-    """``process_task`` that fails a redelivered message marked lost instead of running it."""
+    """``process_task`` that screens a job delivered again before it runs:
+
+    - a job whose final failure was already recorded (its dead mark,
+      :mod:`jobs_platform.deadletter.spool`: the worker died right after storing the letter,
+      and Celery retried it) is acknowledged without running: never both dead-lettered and
+      succeeded;
+    - a redelivered message marked lost is failed instead of run: marked by the watchdog
+      (past its hard limit), or put back because the worker that held it lost its lease
+      (:data:`jobs_platform.history.LOST_WORKER_HEADER`).
+
+    A first delivery (no retries, not redelivered) costs two dict lookups.
+    """
 
     def __init__(self, app: Any, process_task: Callable[[Any], Any]) -> None:
         self.app = app
         self.process_task = process_task
 
     def __call__(self, req: Any) -> Any:
-        if (req.delivery_info or {}).get("redelivered") and self._was_lost(str(req.id)):
-            return self._count_lost(req)
+        redelivered = bool((req.delivery_info or {}).get("redelivered"))
+        fields = getattr(req, "request_dict", None) or {}
+        if (redelivered or fields.get("retries")) and self._was_dead_lettered(str(req.id)):
+            return self._skip_dead(req)
+        if not redelivered:
+            return self.process_task(req)
+        # Both looked at: the watchdog's mark is consumed either way (one count, not two).
+        past_limit = self._was_lost(str(req.id))
+        owner = fields.get(history.LOST_WORKER_HEADER)
+        if owner:
+            return self._count_lost(req, f"the worker holding it ({owner}) lost its lease")
+        if past_limit:
+            return self._count_lost(req, "it held a worker past its hard limit")
         return self.process_task(req)
+
+    def _was_dead_lettered(self, task_id: str) -> bool:
+        try:
+            client = process_local.redis_client(coordination.url_of(self.app.jobs_settings))
+            return bool(client.exists(spool.dead_mark_key(task_id)))
+        except redis.RedisError:
+            logger.warning(
+                "jobs.dlq.dead_mark_unreadable: could not read the dead mark of %s; running it",
+                task_id,
+                exc_info=True,
+                extra={"event": "jobs.dlq.dead_mark_unreadable", "task_id": task_id},
+            )
+            return False
+
+    @staticmethod
+    def _skip_dead(req: Any) -> None:
+        logger.warning(
+            "jobs.dlq.already_dead: %s[%s] was dead-lettered already (its worker died after "
+            "storing the letter); this delivery is acknowledged without running",
+            req.name,
+            req.id,
+            extra={"event": "jobs.dlq.already_dead", "task_id": req.id},
+        )
+        state.task_ready(req)
+        req.acknowledge()
 
     def _was_lost(self, task_id: str) -> bool:
         try:
@@ -206,16 +254,16 @@ class LostAttempts:
             return False
 
     @staticmethod
-    def _count_lost(req: Any) -> Any:
+    def _count_lost(req: Any, why: str) -> Any:
         logger.warning(
-            "jobs.watchdog.lost_attempt: %s[%s] held a worker past its hard limit; "
-            "counted as a lost worker",
+            "jobs.watchdog.lost_attempt: %s[%s]: %s; counted as a lost worker",
             req.name,
             req.id,
+            why,
             extra={"event": "jobs.watchdog.lost_attempt", "task_id": req.id},
         )
         try:
-            raise WorkerLostError("Worker ended by the watchdog: the job outlived its hard limit")
+            raise WorkerLostError(f"Worker lost: {why}")
         except WorkerLostError:
             einfo = ExceptionInfo()
         # Celery's own lost-worker path: retry (retries + 1) or fail and dead-letter.

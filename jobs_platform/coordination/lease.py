@@ -102,7 +102,13 @@ class Leases:
 
     def extend(self, key: str, owner: str, ttl_s: float, *, companions: Sequence[str] = ()) -> bool:
         """Give ``owner``'s lease (and its companions) ``ttl_s`` more, if it still holds it."""
-        return bool(self._extend(keys=[key, *companions], args=[owner, ttl_ms(ttl_s)]))
+        return bool(self.extend_on(None, key, owner, ttl_s, companions=companions))
+
+    def extend_on(
+        self, pipe: Any, key: str, owner: str, ttl_s: float, *, companions: Sequence[str] = ()
+    ) -> Any:
+        """:meth:`extend` queued on ``pipe`` (run now when ``pipe`` is None)."""
+        return self._extend(keys=[key, *companions], args=[owner, ttl_ms(ttl_s)], client=pipe)
 
     def release(self, key: str, owner: str, *, companions: Sequence[str] = ()) -> bool:
         """Drop ``key`` if ``owner`` holds it (the companions go either way)."""

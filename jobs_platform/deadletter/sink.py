@@ -203,7 +203,7 @@ class DeadLetterSink:
 
     def _spool(self, text: str, letter: DeadLetter) -> bool:
         try:
-            self.spool.push(text)
+            self.spool.push(text, task_id=letter.task_id)
         except Exception as exc:
             WRITE_FAILURES.labels("spool").inc()
             logger.error(

@@ -4,6 +4,12 @@ A dead letter is pushed here *before* the database write and removed only after 
 is committed, so a database outage, a crash between the two, or a slow migration loses
 nothing: the worker's drainer retries later. Entries are whole JSON documents; removal is
 by value (``LREM``), so several drainers may work on the list at once.
+
+With the entry, in the same transaction, goes the job's *dead mark*
+(``jobs:dlq:dead:<task id>``, kept :data:`DEAD_MARK_TTL_S`): a later delivery of that job
+(its worker died after the letter was stored, so Celery retried it) finds it and is not
+run, so no job is ever both dead-lettered and succeeded
+(:class:`jobs_platform.cooperative.watchdog.LostAttempts`).
 """
 
 from __future__ import annotations
@@ -11,6 +17,15 @@ from __future__ import annotations
 import redis
 
 from jobs_platform.process_local import redis_client
+
+DEAD_MARK_PREFIX = "jobs:dlq:dead:"
+#: How long a dead job's mark is kept: longer than any redelivery can come (the visibility
+#: timeout's backstop is an hour by default; a lost worker's retry comes in seconds).
+DEAD_MARK_TTL_S = 7 * 86400
+
+
+def dead_mark_key(task_id: str) -> str:
+    return DEAD_MARK_PREFIX + task_id
 
 
 class Spool:
@@ -22,8 +37,15 @@ class Spool:
     def client(self) -> redis.Redis:
         return redis_client(self.url)
 
-    def push(self, text: str) -> None:
-        self.client.rpush(self.key, text)
+    def push(self, text: str, *, task_id: str | None = None) -> None:
+        """Spool ``text``; with ``task_id``, mark that job dead in the same transaction."""
+        if task_id is None:
+            self.client.rpush(self.key, text)
+            return
+        pipe = self.client.pipeline()  # MULTI/EXEC: the entry and the mark together
+        pipe.rpush(self.key, text)
+        pipe.set(dead_mark_key(task_id), "1", ex=DEAD_MARK_TTL_S)
+        pipe.execute()
 
     def peek(self, count: int) -> list[str]:
         """Up to ``count`` entries, oldest first (they stay in the spool)."""

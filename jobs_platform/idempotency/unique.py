@@ -7,10 +7,15 @@ A task declares its *business key*, the arguments that name the logical job
   retries, redeliveries and replays (it depends on the arguments, not on the message), to
   pass to downstream APIs as their ``Idempotency-Key``;
 * unique dispatch, with ``unique_for=<seconds>``: dispatching the job while one is queued or
-  running returns the existing task id instead of enqueuing. The lock is one atomic
-  ``SET key task_id NX PX`` on the broker's Redis; it goes when the job succeeds or finally
-  fails (``task_postrun``) or is revoked (``task_revoked``), by compare-and-delete so only
-  its own job can remove it. A killed worker runs no receiver: ``unique_for`` bounds that.
+  running returns the existing task id instead of enqueuing. The lock is a lease
+  (:mod:`jobs_platform.coordination.lease`: one atomic ``SET key task_id NX PX``) on the
+  coordination Redis, taken first for :func:`pending_s` only (``JOBS_DISPATCH_TIMEOUT`` +
+  2 s, 7 s by default) and given its ``unique_for`` once the job is published: a producer
+  killed between the two (a pool child SIGKILLed mid-dispatch) holds it no longer than that,
+  instead of blocking every re-dispatch for ``unique_for``. It goes when the job succeeds
+  or finally fails (``task_postrun``) or is revoked (``task_revoked``), by
+  compare-and-delete so only its own job can remove it. A killed worker runs no receiver:
+  ``unique_for`` bounds that.
 
 Unique dispatch is a courtesy to the queue (no pile-up of identical jobs), not a guard:
 ``send_task`` and replays bypass it. The guards are the status CAS and idempotency keys.
@@ -38,6 +43,8 @@ logger = logging.getLogger("jobs_platform.idempotency")
 LOCK_PREFIX = "jobs:unique:"
 #: Longer identities are hashed so they fit an ``Idempotency-Key`` header (255 at most).
 MAX_IDENTITY_LENGTH = 200
+#: A lock is first taken for the publish's own bound (JOBS_DISPATCH_TIMEOUT) plus this.
+PENDING_SLACK_S = 2.0
 
 #: Celery states after which the job is over (a RETRY is still the same job).
 _FINAL_STATES = frozenset({"SUCCESS", "FAILURE"})
@@ -89,6 +96,28 @@ class UniqueLocks:
     def release(self, identity: str, task_id: str) -> bool:
         return self.leases.release(LOCK_PREFIX + identity, task_id)
 
+    def confirm(self, identity: str, task_id: str, ttl_s: float) -> bool:
+        """The job is published: its lock lives ``ttl_s`` (``unique_for``) from now. If the
+        pending lock lapsed meanwhile (a publish slower than its bound) it is taken again
+        when still free; False when another dispatch holds it now (its guards absorb it)."""
+        if self.leases.extend(LOCK_PREFIX + identity, task_id, ttl_s):
+            return True
+        _holder, acquired = self.leases.acquire(LOCK_PREFIX + identity, task_id, ttl_s)
+        return acquired
+
+    def confirm_many(self, claims: Sequence[tuple[str, str]], ttl_s: float) -> None:
+        """:meth:`confirm` for each ``(identity, task_id)``, in one round trip (a lapsed one
+        is taken again if free, in a second)."""
+        pipe = self.client.pipeline(transaction=False)
+        for identity, task_id in claims:
+            self.leases.extend_on(pipe, LOCK_PREFIX + identity, task_id, ttl_s)
+        lapsed = [claim for claim, ok in zip(claims, pipe.execute(), strict=True) if not ok]
+        if lapsed:
+            again = self.client.pipeline(transaction=False)
+            for identity, task_id in lapsed:
+                self.leases.acquire_on(again, LOCK_PREFIX + identity, task_id, ttl_s)
+            again.execute()
+
     def acquire_many(self, claims: Sequence[tuple[str, str]], ttl_s: float) -> list[str]:
         """:meth:`acquire` for each ``(identity, task_id)``, in order, in one round trip;
         the holder after each (Redis runs the scripts in order: a repeated identity gets
@@ -128,7 +157,10 @@ def dispatch_once(
         return publish(args, kwargs, **options)
     task_id = _new_id()
     locks = locks_for(coordination.url_of(task.app.jobs_settings))
-    holder, acquired = locks.acquire(identity, task_id, task.spec.unique_for_s)
+    unique_for = task.spec.unique_for_s
+    holder, acquired = locks.acquire(
+        identity, task_id, pending_s(task.app.jobs_settings, unique_for)
+    )
     if holder != task_id:
         events.skipped(
             task.name,
@@ -140,11 +172,19 @@ def dispatch_once(
         )
         return task.AsyncResult(holder)
     try:
-        return publish(args, kwargs, **{**options, "task_id": task_id})
+        result = publish(args, kwargs, **{**options, "task_id": task_id})
     except BaseException:
         if acquired:
             locks.release(identity, task_id)
         raise
+    locks.confirm(identity, task_id, unique_for)
+    return result
+
+
+def pending_s(settings: Any, unique_for_s: float) -> float:
+    """How long a lock lives before its job is published: the publish's own bound (a
+    producer killed meanwhile blocks re-dispatches no longer), at most ``unique_for``."""
+    return min(unique_for_s, float(settings.dispatch_timeout) + PENDING_SLACK_S)
 
 
 def _new_id() -> str:

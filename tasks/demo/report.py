@@ -333,11 +333,12 @@ class Report:
             f"group) with {kill.charges_in_flight} charge(s) in flight at the gateway. It had "
             f"{len(kill.held)} message(s) fetched and not acknowledged: with late acks they "
             f"stay in the broker's unacked set. {kill.replacement} was ready "
-            f"{kill.back_at - kill.at:.1f} s later. The broker hands held messages back after "
-            "JOBS_VISIBILITY_TIMEOUT (1 h by default); the tour did not wait the hour, it did "
-            "what the hour does: kombu's restore (QoS.restore_by_tag, what the timeout sweep "
-            f"calls) for those messages, and the {kill.expired_locks} unique-dispatch lock(s) "
-            "(unique_for=300 s at most) expired."
+            f"{kill.back_at - kill.at:.1f} s later. The held messages were back on their "
+            f"queue {kill.restored_at - kill.at:.1f} s after the kill, by themselves: the "
+            "dead worker's lease (JOBS_WORKER_LEASE, 15 s) ran out and a live worker put its "
+            "jobs back (the visibility timeout, 1 h, is only the backstop). The tour expired "
+            f"the {kill.expired_locks} unique-dispatch lock(s) of the killed jobs, which "
+            "would otherwise last their unique_for (300 s)."
         )
         invoice_of = {
             a["charge_task"]: a["invoice_id"] for a in facts.accepted.values() if "charge_task" in a

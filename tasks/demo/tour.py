@@ -33,6 +33,7 @@ from typing import Any
 import redis
 import sqlalchemy as sa
 
+from jobs_platform.brokers.redis import liveness
 from jobs_platform.brokers.redis.delayed import cancel as delayed_cancel
 from jobs_platform.brokers.redis.delayed import get as delayed_get
 from jobs_platform.brokers.redis.layout import BrokerLayout
@@ -324,18 +325,16 @@ def held_messages(
     return held
 
 
-def restore(tags: list[str]) -> None:
-    """Put held messages back on their queue with kombu's own restore: what the broker does
-    once the visibility timeout has passed (a worker's sweep calls the same method)."""
-    with app.connection_for_write() as conn:
-        qos = conn.default_channel.qos
-        for tag in tags:
-            qos.restore_by_tag(tag)
+def held_by_dead(client: redis.Redis, pid: int) -> int:
+    """How many jobs the killed worker's connections still hold (their lease not yet run
+    out, or not yet claimed by a live worker's upkeep)."""
+    pattern = f"*{liveness.KEY_PREFIX}held:*/{pid}/*"
+    return sum(int(client.scard(key)) for key in client.scan_iter(match=pattern, count=1000))
 
 
 def expire_unique_locks(client: redis.Redis) -> int:
-    """Expire the unique-dispatch locks that an hour would have expired (all of them: the
-    longest ``unique_for`` here is 300 s); how many there were."""
+    """Expire the unique-dispatch locks of the killed worker's jobs, as their ``unique_for``
+    (300 s at most here) would; how many there were."""
     expired = 0
     for key in client.scan_iter(match=f"{unique.LOCK_PREFIX}*", count=1000):
         ttl_ms = int(client.pttl(key))
@@ -375,16 +374,20 @@ def kill_and_recover(facts: Facts, view: LiveView, client: redis.Redis, traffic:
     kill.replacement, kill.back_at = replacement.hostname, time.time()
     facts.mark("worker restarted")
     view.say(f"worker restarted as {replacement.hostname} after {kill.back_at - kill.at:.1f} s")
-    # In production the broker hands them back after JOBS_VISIBILITY_TIMEOUT (1 h); the
-    # tour does not wait an hour. It does now what the hour would do: the held messages go
-    # back to their queue (the broker's own restore), and the unique-dispatch locks, which
-    # live unique_for (300 s) at most, are gone.
+    # The held messages come back by themselves once the dead worker's lease has run out
+    # (JOBS_WORKER_LEASE, 15 s): a live worker's upkeep claims them. The unique-dispatch
+    # locks of the killed jobs live unique_for (300 s): the tour does not wait for those.
     kill.expired_locks = expire_unique_locks(client)
-    restore(list(held))
+    wait_for(
+        lambda: (traffic.check(), held_by_dead(client, pid) == 0)[1],
+        timeout_s=app.jobs_settings.worker_lease + 60,
+        interval_s=0.2,
+        message="the killed worker's held jobs to be claimed",
+    )
     kill.restored_at = time.time()
     view.say(
-        f"redelivered the {len(held)} held message(s) (what the broker does after the "
-        "visibility timeout, 1 h by default)"
+        f"the {len(held)} held message(s) were back on their queue "
+        f"{kill.restored_at - kill.at:.1f} s after the kill (the dead worker's lease ran out)"
     )
 
 

@@ -140,6 +140,44 @@ def test_a_healthy_stack_passes_every_check_quickly(stack: Stack) -> None:
     print(f"\nhealthy stack: `health` took {took:.2f} s wall")
 
 
+def test_health_and_inspect_runs_leave_nothing_behind_in_the_broker(stack: Stack) -> None:
+    """Their control replies are consumed without acks: nothing stays in ``unacked`` and
+    the exporter grows no series for a reply queue (health in a compose file runs every
+    60 s, for ever)."""
+    from jobs_platform.exporter.server import exposition
+
+    url = stack.env["JOBS_BROKER_URL"]
+    raw = redis.Redis.from_url(url)
+    app = create_app("healthleak", broker_url=url, database_url=stack.env["JOBS_DATABASE_URL"])
+
+    def inflight_series() -> set[str]:
+        return {
+            line.split(" ")[0]
+            for line in exposition(app).splitlines()
+            if line.startswith("jobs_inflight{")
+        }
+
+    before = (raw.hlen("unacked"), inflight_series())
+    for _ in range(20):
+        done, _took = stack.health("--check", "consumers", "--check", "canary", "--timeout", "10")
+        assert done.returncode == 0, done.stdout + done.stderr
+    inspected = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "inspect", "active_queues", "--timeout", "2"],
+        env=stack.env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+    after = (raw.hlen("unacked"), inflight_series())
+    raw.close()
+    print(f"\n20 health runs + an inspect: unacked {before[0]} -> {after[0]}, series {after[1]}")
+    assert after == before
+    assert all('queue_name="' + q in " ".join(after[1]) for q in QUEUE_NAMES)
+
+
 def test_a_worker_container_checks_only_its_own_queue(stack: Stack) -> None:
     code, checks = stack.checks("--queue", "fast")
     assert code == 0

@@ -51,6 +51,7 @@ app = create_app(
     visibility_timeout=VISIBILITY_TIMEOUT_S,
     visibility_margin=VISIBILITY_MARGIN_S,
     unacked_restore_interval=1.0,
+    worker_lease=4.0,
     retry_backoff=0.3,
     retry_backoff_max=RETRY_BACKOFF_MAX_S,
     max_retries=3,

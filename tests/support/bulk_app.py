@@ -31,6 +31,7 @@ def make_app(broker_url: str | None = None, **overrides: Any) -> Any:
         visibility_timeout=VISIBILITY_TIMEOUT,
         visibility_margin=MARGIN,
         unacked_restore_interval=1.0,
+        worker_lease=4.0,
         **overrides,
     )
 

@@ -34,6 +34,7 @@ def make_app(broker_url: str | None = None) -> Any:
         visibility_timeout=VISIBILITY_TIMEOUT,
         visibility_margin=MARGIN,
         unacked_restore_interval=1.0,
+        worker_lease=3.0,
         **overrides,
     )
     return made

@@ -18,6 +18,7 @@ app = create_app(
     visibility_timeout=6.0,
     visibility_margin=2.0,
     unacked_restore_interval=0.5,
+    worker_lease=2.0,
     retry_backoff=0.2,
     retry_backoff_max=0.5,
 )

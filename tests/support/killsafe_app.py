@@ -21,6 +21,7 @@ app = create_app(
     visibility_timeout=10.0,
     visibility_margin=2.0,
     unacked_restore_interval=1.0,
+    worker_lease=3.0,
     retry_backoff=0.2,
     retry_backoff_max=0.5,  # wait + hard limit (5 s) must stay below 10 - 2
 )

@@ -120,6 +120,8 @@ def qos_of(recorded: str | None) -> tuple[KillSafeQoS, RecordingClient]:
         unacked_index_key="unacked_index",
         visibility_timeout=10,
         do_restore=False,
+        global_keyprefix="",
+        jobs_owner="host/1/abc",
     )
     return KillSafeQoS(channel), client
 
@@ -140,5 +142,13 @@ def test_qos_append_does_not_write_again_what_the_fetch_recorded() -> None:
 def test_qos_append_writes_any_other_message_as_kombu_does() -> None:
     qos, client = qos_of("t1")
     qos.append(message("t2"), "t2")
-    assert [name for name, _ in client.commands] == ["zadd", "hset", "execute"]
+    # kombu's write, then the owner's record (jobs_platform.brokers.redis.liveness).
+    assert [name for name, _ in client.commands] == [
+        "zadd",
+        "hset",
+        "execute",
+        "sadd",
+        "sadd",
+        "execute",
+    ]
     assert list(qos._delivered) == ["t2"]

@@ -109,7 +109,7 @@ def test_exception_types_classifier_business_key_unique_for() -> None:
     [
         ({"hard_limit_s": None}, "has no hard time limit"),
         ({"hard_limit_s": 0}, "time_limit must be > 0"),
-        ({"hard_limit_s": 95}, r"time_limit 95 s is not below .* = 90 s"),
+        ({"hard_limit_s": 95}, r"time_limit 95 s is not below the lease minus margin .* = 90 s"),
         ({"soft_limit_s": 30}, "soft_time_limit 30 s must be below time_limit 30 s"),
         ({"longest_wait_s": 500}, r"retry_backoff_max 500 s is longer than JOBS_MAX_DELAY"),
     ],
@@ -119,13 +119,57 @@ def test_task_limits(limits: dict[str, Any], message: str) -> None:
         "longest_wait_s": 10.0,
         "hard_limit_s": 30.0,
         "soft_limit_s": 25.0,
-        "visibility_timeout_s": 100.0,
+        "delivery_timeout_s": 100.0,
+        "delivery_timeout_name": "lease",
         "margin_s": 10.0,
         "max_delay_s": 400.0,
         **limits,
     }
     with pytest.raises(ConfigError, match=message):
         rules.check_task_limits("t", **values)
+
+
+def test_a_broker_that_never_redelivers_a_running_job_bounds_no_hard_limit() -> None:
+    # The Redis broker with worker leases: the visibility timeout is only a backstop.
+    rules.check_task_limits(
+        "t",
+        longest_wait_s=10.0,
+        hard_limit_s=86400.0,
+        soft_limit_s=None,
+        delivery_timeout_s=None,
+        delivery_timeout_name="visibility timeout",
+        margin_s=60.0,
+        max_delay_s=400.0,
+    )
+    with pytest.raises(ConfigError, match=r"no hard time limit: set time_limit \(seconds\)$"):
+        rules.check_task_limits(
+            "t",
+            longest_wait_s=10.0,
+            hard_limit_s=None,
+            soft_limit_s=None,
+            delivery_timeout_s=None,
+            delivery_timeout_name="visibility timeout",
+            margin_s=60.0,
+            max_delay_s=400.0,
+        )
+
+
+@pytest.mark.parametrize(
+    ("lease", "interval", "visibility", "message"),
+    [
+        (0.0, 5.0, 3600.0, "worker_lease must be > 0"),
+        (15.0, 8.0, 3600.0, "at most half of worker_lease 15 s"),
+        (15.0, 5.0, 20.0, r"worker_lease 15 s \+ unacked_restore_interval 5 s must be below"),
+    ],
+)
+def test_the_worker_lease_fits_its_renewals_and_the_backstop(
+    lease: float, interval: float, visibility: float, message: str
+) -> None:
+    rules.check_worker_lease(lease_s=15.0, restore_interval_s=5.0, visibility_s=3600.0)
+    with pytest.raises(ConfigError, match=message):
+        rules.check_worker_lease(
+            lease_s=lease, restore_interval_s=interval, visibility_s=visibility
+        )
 
 
 def test_start_up_rules() -> None:

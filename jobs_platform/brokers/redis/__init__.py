@@ -125,8 +125,13 @@ class RedisBroker:
         return config
 
     def delivery_timeout(self, settings: Any) -> DeliveryTimeout:
+        # A live worker's jobs are never swept (its lease keeps them fresh: .liveness), so
+        # the visibility timeout bounds no running job, only a lost lease's.
         return DeliveryTimeout(
-            "visibility timeout", "JOBS_VISIBILITY_TIMEOUT", float(settings.visibility_timeout)
+            "visibility timeout",
+            "JOBS_VISIBILITY_TIMEOUT",
+            float(settings.visibility_timeout),
+            bounds_running_jobs=False,
         )
 
     def install(self, app: Any) -> None:
@@ -185,8 +190,8 @@ class RedisBroker:
     def delayed_store(self, app: Any) -> RedisDelayedStore | None:
         return RedisDelayedStore(_client(app), options.keys_for(app))
 
-    def restore_sweep(self, app: Any) -> Sweep | None:
-        return RestoreSweep(app)
+    def restore_sweep(self, worker: Any) -> Sweep | None:
+        return RestoreSweep(worker)
 
 
 def _client(app: Any) -> redis.Redis:

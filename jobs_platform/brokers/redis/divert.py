@@ -1,11 +1,13 @@
 """Which delayed messages wait in the store instead of in a worker's memory (pure).
 
 Celery hands a message with an ``eta`` to a worker at once; the worker holds it
-unacknowledged until it is due and then runs it. On Redis the broker gives an
-unacknowledged message to another worker after the visibility timeout, so the wait
-*plus the run* must end safely before it: ``wait + hard limit < visibility timeout -
-margin``. A message for which that does not hold is stored instead and released onto its
-queue when due; every other one keeps Celery's own path.
+unacknowledged, in memory, until it is due and then runs it. The worker's lease keeps it
+there while the worker lives (:mod:`.liveness`), but the visibility timeout is the
+backstop for any held message, and a wait held in memory is lost to every restart, to
+``delayed list`` and to ``delayed cancel``: so only a wait *plus the run* that ends safely
+inside the backstop, ``wait + hard limit < visibility timeout - margin``, stays there. A
+message for which that does not hold is stored instead and released onto its queue when
+due; every other one keeps Celery's own path.
 
 The hard limit is read from the message (protocol 2 ``timelimit`` header, ``[hard,
 soft]``); a message without one counts as 0 s, so ``send_task`` by name should pass

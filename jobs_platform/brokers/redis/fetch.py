@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from functools import cached_property
 from queue import Empty
 from typing import Any
 
@@ -45,6 +46,8 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from redis.exceptions import NoScriptError, OutOfMemoryError
 
+from jobs_platform.brokers.redis import liveness
+
 logger = logging.getLogger("jobs_platform.fetch")
 
 #: The oldest server with ``BLMOVE``.
@@ -52,18 +55,23 @@ MIN_SERVER = (6, 2)
 #: From this version a script can declare ``allow-oom``.
 SHEBANG_SERVER = (7, 0)
 
-#: KEYS: the lists to take from, in order, then the unacked hash and the unacked index.
-#: ARGV[1]: the index score (seconds since the epoch). Returns ``{list, item, tag}`` (tag
-#: nil when the item was not recorded: not an envelope kombu could record) or nil.
+#: KEYS: the lists to take from, in order, then the unacked hash, the unacked index, and
+#: the owner's held set, the owners set and the owner's lease (:mod:`.liveness`).
+#: ARGV[1]: the index score (seconds since the epoch); ARGV[2]: the owner; ARGV[3]: its lease
+#: in ms; ARGV[3 + i]: ``1`` if a message from list i is acknowledged later (recorded), ``0``
+#: for a consumer that takes no acks (a control reply: kombu records none for it).
+#: Returns ``{list, item, tag}`` (tag nil when the item was not recorded: not an envelope
+#: kombu could record, or not to be acknowledged) or nil.
 #: The item is read before anything is written and popped last: a server that refuses the
 #: writes (out of memory) leaves the item in its list.
 FETCH_SCRIPT = """
-local n = #KEYS - 2
+local n = #KEYS - 5
 for i = 1, n do
     local item = redis.call('LINDEX', KEYS[i], -1)
     if item then
         local tag = false
-        local ok, message = pcall(cjson.decode, item)
+        local ok, message = false, nil
+        if ARGV[3 + i] == '1' then ok, message = pcall(cjson.decode, item) end
         if ok and type(message) == 'table' and type(message.properties) == 'table' then
             local t = message.properties.delivery_tag
             local info = message.properties.delivery_info
@@ -75,6 +83,9 @@ for i = 1, n do
                     .. cjson.encode(info.exchange) .. ','
                     .. cjson.encode(info.routing_key) .. ']')
                 redis.call('ZADD', KEYS[n + 2], ARGV[1], tag)
+                redis.call('SADD', KEYS[n + 3], tag)
+                redis.call('SADD', KEYS[n + 4], ARGV[2])
+                redis.call('SET', KEYS[n + 5], '1', 'PX', ARGV[3])
             end
         end
         redis.call('RPOP', KEYS[i])
@@ -116,7 +127,12 @@ def script_for(version: tuple[int, ...] | None) -> str | None:
 
 def fetch_lists(queues: Sequence[str], list_of: Any, steps: Sequence[int]) -> list[str]:
     """The lists a fetch takes from, in kombu's ``BRPOP`` order: priority-major."""
-    return list(dict.fromkeys(list_of(queue, pri) for pri in steps for queue in queues))
+    return list(queues_of_lists(queues, list_of, steps))
+
+
+def queues_of_lists(queues: Sequence[str], list_of: Any, steps: Sequence[int]) -> dict[str, str]:
+    """Each list a fetch takes from (in kombu's order) -> the queue it belongs to."""
+    return {list_of(queue, pri): queue for pri in steps for queue in queues}
 
 
 def read_reply(reply: Sequence[Any], prefix: str) -> tuple[str, bytes, str | None]:
@@ -128,20 +144,36 @@ def read_reply(reply: Sequence[Any], prefix: str) -> tuple[str, bytes, str | Non
     return name, item, None if tag is None else bytes_to_str(tag)
 
 
-class KillSafeQoS(kombu_redis.QoS):  # type: ignore[misc]
-    """kombu's Redis QoS that does not write again what the fetch script already wrote."""
+class KillSafeQoS(liveness.OwnedQoS, kombu_redis.QoS):  # type: ignore[misc]
+    """kombu's Redis QoS that does not write again what the fetch script already wrote, and
+    whose jobs belong to the channel's owner (:mod:`.liveness`)."""
 
     def append(self, message: Any, delivery_tag: str) -> None:
         if delivery_tag is not None and delivery_tag == self.channel.kill_safe_recorded:
             virtual.QoS.append(self, message, delivery_tag)  # local bookkeeping only
             return
         super().append(message, delivery_tag)
+        # kombu's own fetch (no kill-safe script): the owner's record follows the write.
+        with self.channel.conn_or_acquire() as client:
+            client.pipeline().sadd(self._jobs_held_key(), delivery_tag).sadd(
+                self.channel.global_keyprefix + liveness.OWNERS_KEY, self.jobs_owner
+            ).execute()
 
 
 class KillSafeFetch(kombu_redis.Channel):  # type: ignore[misc]
     """kombu's Redis channel whose consumer fetches kill-safe (module doc)."""
 
     QoS = KillSafeQoS
+
+    #: Seconds an owner's lease lasts without renewal (transport option
+    #: ``jobs_worker_lease``, ``JOBS_WORKER_LEASE``).
+    jobs_worker_lease: float = 15.0
+
+    @cached_property
+    def jobs_owner(self) -> str:
+        """This channel's owner id (:mod:`.liveness`): one per channel, so a reconnect's new
+        channel does not keep the old one's jobs."""
+        return liveness.new_owner()
 
     #: False: kombu's ``BRPOP``, as if this class were not there.
     kill_safe_fetch: bool = True
@@ -169,6 +201,19 @@ class KillSafeFetch(kombu_redis.Channel):  # type: ignore[misc]
         return True
 
     # -- kombu's consuming seams ------------------------------------------------------------
+
+    @cached_property
+    def _jobs_no_ack(self) -> set[str]:
+        """Queues consumed without acknowledgements (control replies): never recorded."""
+        return set()
+
+    def basic_consume(
+        self, queue: str, no_ack: bool, callback: Any, consumer_tag: str, **kwargs: Any
+    ) -> Any:
+        (self._jobs_no_ack.add if no_ack else self._jobs_no_ack.discard)(queue)
+        return super().basic_consume(
+            queue, no_ack=no_ack, callback=callback, consumer_tag=consumer_tag, **kwargs
+        )
 
     def _brpop_start(self, timeout: float | None = None) -> None:
         if not self._kill_safe_ready():
@@ -214,8 +259,8 @@ class KillSafeFetch(kombu_redis.Channel):  # type: ignore[misc]
         sent = self._kill_safe_sent
         if type != "BRPOP" or sent is None:
             return super()._poll_error(type, **options)
-        # A message in this reply is in unacked already: it comes back after the visibility
-        # timeout, like any message of a worker that went away.
+        # A message in this reply is in unacked already, held by this connection: it comes
+        # back when the connection's lease runs out, like any message of a worker that went.
         self._kill_safe_sent = None
         return self.client.parse_response(self.client.connection, sent)
 
@@ -249,9 +294,18 @@ class KillSafeFetch(kombu_redis.Channel):  # type: ignore[misc]
 
     def _kill_safe_fetch_args(self, queues: Sequence[str]) -> list[Any]:
         prefix = self.global_keyprefix
-        lists = fetch_lists(queues, self._q_for_pri, self.priority_steps)
-        keys = [prefix + key for key in (*lists, self.unacked_key, self.unacked_index_key)]
-        return [self._kill_safe_sha, len(keys), *keys, repr(time.time())]
+        of_list = queues_of_lists(queues, self._q_for_pri, self.priority_steps)
+        lists = list(of_list)
+        acked = ["0" if of_list[key] in self._jobs_no_ack else "1" for key in lists]
+        owner = self.jobs_owner
+        keys = [
+            *(prefix + key for key in (*lists, self.unacked_key, self.unacked_index_key)),
+            liveness.held_key(prefix, owner),
+            prefix + liveness.OWNERS_KEY,
+            liveness.alive_key(prefix, owner),
+        ]
+        lease = liveness.lease_ms(float(self.jobs_worker_lease))
+        return [self._kill_safe_sha, len(keys), *keys, repr(time.time()), owner, lease, *acked]
 
     def _kill_safe_reply(self, sent: str, options: dict[str, Any]) -> Any:
         client = self.client

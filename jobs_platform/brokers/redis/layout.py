@@ -14,8 +14,9 @@ Producers ``LPUSH``, workers ``BRPOP``, so the oldest message of a list is its t
   sorted set. ``HLEN`` gives the total; the per-queue split and each queue's oldest read
   the :data:`INFLIGHT_SCAN_LIMIT` oldest entries (``ZRANGE 0 N-1 WITHSCORES`` + ``HMGET``).
   In flight is bounded by the fleet's prefetch (plus jobs held for a countdown), not by the
-  backlog; beyond the limit the rest is reported under :data:`UNSCANNED`, so the labelled
-  values still add up to the total.
+  backlog; beyond the limit the rest is reported under :data:`UNSCANNED`. Only the app's
+  declared queues are counted: an entry of any other routing key (another app's, a
+  control reply an old client recorded) makes no series.
 """
 
 from __future__ import annotations
@@ -122,9 +123,9 @@ def read_inflight(
     values = client.hmget(unacked, [tag for tag, _ in oldest])
     for (_, score), value in zip(oldest, values, strict=True):
         queue = _routing_key(value)
-        if queue is None:
-            continue  # acknowledged since the index was read
-        by_queue[queue] = by_queue.get(queue, 0) + 1
+        if queue not in by_queue:
+            continue  # acknowledged since the index was read, or not one of the app's queues
+        by_queue[queue] += 1
         fetched_at.setdefault(queue, float(score))  # ascending: the first is the oldest
     if total > len(oldest):
         by_queue[UNSCANNED] = total - len(oldest)

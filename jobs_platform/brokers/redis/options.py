@@ -16,13 +16,17 @@ from jobs_platform.process_local import redis_client
 MARGIN = "jobs_delay_margin"
 #: Transport option: the store's Redis key prefix.
 PREFIX = "jobs_delayed_prefix"
+#: Transport option: a consuming channel's liveness lease (``JOBS_WORKER_LEASE``, seconds).
+WORKER_LEASE = "jobs_worker_lease"
 
 
 def transport_options(settings: Any) -> dict[str, Any]:
-    """The entries the store adds to ``broker_transport_options``."""
+    """The platform's entries in ``broker_transport_options``: the delayed store's, and the
+    worker lease (:mod:`.liveness`)."""
     return {
         MARGIN: float(settings.visibility_margin),
         PREFIX: str(settings.delayed_key_prefix),
+        WORKER_LEASE: float(settings.worker_lease),
     }
 
 

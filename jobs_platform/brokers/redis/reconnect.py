@@ -9,8 +9,9 @@ client for that (``AttributeError: 'NoneType' object has no attribute 'hostname'
 error", and the worker exits after every broker restart that finds it holding a job.
 
 :class:`QoS` skips that restore when the connection is already detached. Nothing is lost:
-the messages are still in the broker's ``unacked`` hash, where any worker's sweep puts
-them back on their queues once the visibility timeout has passed (at least once, later).
+the messages are still in the broker's ``unacked`` hash, held by the dead connection's
+lease, and any worker's upkeep puts them back on their queues once that lease has run out
+(:mod:`.liveness`; at least once, seconds later).
 
 The same detached channel is where a job fetched before the outage is acknowledged when it
 finishes after it: kombu fails the same way there (``'NoneType' object has no attribute
@@ -67,7 +68,7 @@ class QoS(KillSafeQoS):
             # would drop the unacked entry and push nothing): the sweep restores it later.
             logger.warning(
                 "jobs.broker.unacked_kept: a message given back after the connection died "
-                "stays in the unacked hash for the visibility-timeout sweep",
+                "stays in the unacked hash until its connection's lease runs out",
                 extra={"event": "jobs.broker.unacked_kept", "messages": 1},
             )
             return None
@@ -79,8 +80,8 @@ class QoS(KillSafeQoS):
             if held:
                 logger.warning(
                     "jobs.broker.unacked_kept: %d unacknowledged message(s) stay in the "
-                    "broker's unacked hash after the connection died; the visibility-timeout "
-                    "sweep returns them to their queues",
+                    "broker's unacked hash after the connection died; they return to their "
+                    "queues when its lease runs out",
                     held,
                     extra={"event": "jobs.broker.unacked_kept", "messages": held},
                 )

@@ -17,20 +17,31 @@ logger = logging.getLogger("jobs_platform.cooperative")
 
 
 class RestoreSweep:
-    """Put messages whose visibility timeout expired back on their queues (module doc)."""
+    """kombu's restore cycle for a worker without an event loop (module doc): on the consuming
+    channel, so the worker's lease is renewed and lost workers' jobs are put back
+    (:mod:`.liveness`); before the consumer exists, the visibility-timeout sweep alone, on a
+    connection of its own."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.app = worker.app
         #: How often to sweep: the transport's restore interval.
-        options = app.conf.broker_transport_options or {}
+        options = self.app.conf.broker_transport_options or {}
         self.interval_s = float(options.get("unacked_restore_interval") or 10)
         self._connection: Any = None
 
+    def consuming_channel(self) -> Any:
+        """The channel the worker's task consumer takes jobs on (None before it starts)."""
+        consumer = getattr(getattr(self.worker, "consumer", None), "task_consumer", None)
+        return getattr(consumer, "channel", None)
+
     def __call__(self) -> None:
         try:
-            if self._connection is None:
-                self._connection = self.app.connection_for_write()
-            channel = self._connection.default_channel
+            channel = self.consuming_channel()
+            if channel is None:
+                if self._connection is None:
+                    self._connection = self.app.connection_for_write()
+                channel = self._connection.default_channel
             channel.qos.restore_visible(num=channel.unacked_restore_limit, interval=1)
         except Exception:
             logger.warning(

@@ -45,6 +45,7 @@ class Channel(KillSafeFetch, PoisonGuardChannel):
         *kombu_redis.Channel.from_transport_options,
         options.MARGIN,
         options.PREFIX,
+        options.WORKER_LEASE,
     )
 
     #: The client ``_create_client`` hands out, for the pool it was built on.

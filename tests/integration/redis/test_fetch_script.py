@@ -95,7 +95,9 @@ def run_fetch(
 ) -> tuple[bytes, bytes, bytes | None] | None:
     script = fetch.script_for(fetch.server_version(raw.info("server")["redis_version"]))
     assert script is not None
-    reply = raw.eval(script, len(lists) + 2, *lists, "unacked", "unacked_index", now)
+    owner = ("jobs:worker:held:o1", "jobs:worker:owners", "jobs:worker:alive:o1")
+    keys = [*lists, "unacked", "unacked_index", *owner]
+    reply = raw.eval(script, len(keys), *keys, now, "o1", 15000, *["1"] * len(lists))
     return None if reply is None else (reply[0], reply[1], reply[2])
 
 
@@ -140,6 +142,10 @@ def test_the_fetch_takes_lists_in_kombus_order_and_records_what_qos_append_write
     ]
     assert raw.hlen("unacked") == 4 and raw.zcard("unacked_index") == 4
     assert not any(raw.exists(key) for key in lists)
+    # Each one held by the fetching owner, whose lease the fetch renewed (liveness.py).
+    assert raw.smembers("jobs:worker:held:o1") == set(raw.hkeys("unacked"))
+    assert raw.smembers("jobs:worker:owners") == {b"o1"}
+    assert 14_000 < raw.pttl("jobs:worker:alive:o1") <= 15_000
 
 
 def test_kombus_restores_put_a_fetched_message_back_in_its_priority_list(
@@ -184,6 +190,7 @@ def test_an_item_that_is_not_an_envelope_is_popped_and_returned_raw_unrecorded(
     assert run_fetch(raw, ["fast"]) == (b"fast", item, None)
     assert raw.lrange("fast", 0, -1) == [b"next"]
     assert raw.hlen("unacked") == 0 and raw.zcard("unacked_index") == 0
+    assert not raw.exists("jobs:worker:held:o1", "jobs:worker:owners")
 
 
 def test_empty_lists_give_nothing_and_change_nothing(raw: redis.Redis) -> None:
@@ -214,6 +221,21 @@ def test_a_delivered_message_is_in_unacked_before_the_callback_and_written_once(
     assert stats["cmdstat_hset"]["calls"] == 3  # the script's; QoS.append wrote nothing
     assert "cmdstat_brpop" not in stats
     assert raw.hlen("unacked") == 0  # acknowledged
+
+
+def test_a_consumer_that_takes_no_acks_leaves_nothing_in_unacked(
+    raw: redis.Redis, server: RedisServer
+) -> None:
+    # What a control reply queue is (celery inspect, health): kombu records none of it.
+    publish(server.url, FAST, {"n": 1})
+    got: list[Any] = []
+    with Connection(server.url, transport=Transport) as conn:
+        channel = conn.channel()
+        with Consumer(channel, [FAST], callbacks=[lambda b, m: got.append(b)], no_ack=True):
+            drain(conn, lambda: got)
+    assert got == [{"n": 1}]
+    assert raw.hlen("unacked") == 0 and raw.zcard("unacked_index") == 0
+    assert not raw.keys("jobs:worker:held:*")
 
 
 def test_a_priority_message_and_another_queue_reach_an_idle_consumer(

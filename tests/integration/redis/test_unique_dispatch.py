@@ -91,3 +91,27 @@ def test_revoked_jobs_release_their_lock(app: Any) -> None:
 
     unique._on_revoked(sender=task, request=Request())
     assert task.delay(11).id != first.id
+
+
+def test_a_published_job_holds_its_lock_for_unique_for_and_a_pending_one_briefly(
+    app: Any, redis_url: str
+) -> None:
+    """The lock is taken for the publish's bound (dispatch timeout + slack) and given its
+    unique_for once the job is published, by .delay() and delay_many alike."""
+    client = redis.Redis.from_url(redis_url)
+    task = declare(app, business_key=("order_id",), unique_for=300)
+    pending_ms = unique.pending_s(app.jobs_settings, 300) * 1000
+    first = task.delay(21)
+    [second, _] = task.delay_many([(22,), (22,)])
+    for order, job in ((21, first), (22, second)):
+        key = unique.LOCK_PREFIX + unique.identity_of(task, [order], {})
+        assert client.get(key) == job.id.encode()
+        assert pending_ms < client.pttl(key) <= 300_000
+    # A pending lock that lapsed before the publish returned is taken again when free.
+    locks = unique.locks_for(redis_url)
+    identity = f"t:{uuid.uuid4().hex}"
+    assert locks.confirm(identity, "late", 300)
+    assert locks.holder(identity) == "late"
+    assert locks.acquire(identity, "other", 5) == ("late", False)
+    assert not locks.confirm(identity, "other", 300)  # another dispatch holds it now
+    client.close()

@@ -57,6 +57,8 @@ def test_maintenance_tasks_fit_any_apps_visibility_timeout(
         visibility_margin=margin,
         retry_backoff=0.2,
         retry_backoff_max=0.5,
+        worker_lease=min(15.0, visibility_timeout / 4),
+        unacked_restore_interval=min(5.0, visibility_timeout / 8),
     )
     schedule.install(app)
     app.finalize()
