@@ -251,18 +251,28 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             raise
 
     def _take_rate_slot(self) -> None:
-        """Run now if the shared limit allows; else re-publish this job (same id, same
-        attempt) to come back when its turn is due, and free the pool slot at once."""
+        """Run now if the shared limit allows (or this job's reserved slot has come); else
+        re-publish it (same id, same attempt) to come back at the slot it reserved, and free
+        the pool slot at once."""
         spec = self.spec
         assert spec.rate_key is not None
-        wait_s = limiter_for(coordination.url_of(self.app.jobs_settings)).acquire(
-            spec.rate_key, spec.rate
+        request = self.request
+        headers = dict(request.headers or {})
+        reserved = headers.get(history.RATE_SLOT_HEADER)
+        grant = limiter_for(coordination.url_of(self.app.jobs_settings)).acquire(
+            spec.rate_key, spec.rate, slot_ms=reserved if isinstance(reserved, int) else None
         )
+        wait_s = grant.wait_s
         if wait_s <= 0:
             return
-        request = self.request
+        if grant.slot_ms is None:
+            headers.pop(history.RATE_SLOT_HEADER, None)  # paused: no slot is held
+        else:
+            headers[history.RATE_SLOT_HEADER] = grant.slot_ms
         self._republish(
-            self.signature_from_request(request, queue=self._queue_of(request), countdown=wait_s)
+            self.signature_from_request(
+                request, queue=self._queue_of(request), countdown=wait_s, headers=headers
+            )
         )
         DEFERRED.labels(spec.rate_key).inc()
         logger.info(

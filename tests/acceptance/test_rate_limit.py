@@ -84,6 +84,44 @@ def test_the_limit_holds_across_two_workers_without_burning_attempts_or_slots(
     assert rate <= 5.5
 
 
+def deferred(app: Any, key: str) -> float:
+    """``jobs_rate_deferred_total{key}``, the fleet's total as the exporter serves it."""
+    from jobs_platform.exporter.server import exposition
+
+    for line in exposition(app).splitlines():
+        if line.startswith(f'jobs_rate_deferred_total{{key="{key}"}}'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_burst_over_the_limit_is_deferred_about_once_per_job(
+    rate_app: Any, two_workers: list[WorkerProcess], redis_client: redis.Redis
+) -> None:
+    """Each deferred job reserves its own slot (jobs_platform.ratelimit): 40 jobs at 5/s on
+    two workers, at most 1.5 deferrals per job on average (79 at 5/s made 835 before)."""
+    name = rate_app.call_partner.name  # the task's own rate key
+    before = deferred(rate_app.app, name)
+    key = f"churn-{uuid.uuid4().hex[:6]}"
+    rate_app.call_partner.delay_many([(key,)] * 40)
+    wait_for(lambda: len(runs(redis_client, key)) >= 40, timeout_s=60, message="40 starts")
+    # The workers flush their counts every JOBS_METRICS_FLUSH_INTERVAL (2 s).
+    total = wait_for(
+        lambda: (d := deferred(rate_app.app, name) - before) >= 39 and d,
+        timeout_s=15,
+        message="the deferrals counted",
+    )
+    records = runs(redis_client, key)
+    starts = [r["t"] for r in records]
+    per_job = total / 40
+    print(
+        f"\n40 jobs at 5/s: {total:g} deferrals ({per_job:.2f} per job), at most "
+        f"{max_in_any_window(starts, 1.0)} starts in a 1-s window"
+    )
+    assert len(records) == 40 and {r["retries"] for r in records} == {0}
+    assert per_job <= 1.5
+    assert max_in_any_window(starts, 1.0) <= 5 + 1
+
+
 def test_a_429_with_retry_after_pauses_the_key_for_every_worker(
     rate_app: Any, two_workers: list[WorkerProcess], redis_client: redis.Redis
 ) -> None:
