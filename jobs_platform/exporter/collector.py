@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import sqlalchemy as sa
@@ -138,7 +138,7 @@ class JobsCollector(Collector):
         pipe.hgetall(src.beat_skipped_key)
         replies = pipe.execute()
         recorded, seen, *depths, ticks, skipped = replies
-        families.extend(counter_families(recorded))
+        families.extend(counter_families(recorded, src.known))
         families.append(self._workers(client, seen, now))
         spool = _gauge(names.DEAD_LETTER_SPOOL_DEPTH)
         for label, depth in zip(spool_lists, depths, strict=True):
@@ -241,8 +241,11 @@ def _beat_skipped(skipped: dict[bytes, bytes]) -> Metric:
     return family
 
 
-def counter_families(recorded: dict[bytes, bytes]) -> list[Metric]:
-    """The worker-side metrics from the counters hash (fields of unknown series ignored)."""
+def counter_families(
+    recorded: dict[bytes, bytes], known: Mapping[str, list[tuple[str, ...]]] | None = None
+) -> list[Metric]:
+    """The worker-side metrics from the counters hash (fields of unknown series ignored);
+    each ``known`` series not recorded yet is served at 0."""
     values: dict[str, dict[tuple[str, ...], float]] = {}
     for field, raw in recorded.items():
         decoded = counters.decode_field(field)
@@ -255,7 +258,9 @@ def counter_families(recorded: dict[bytes, bytes]) -> list[Metric]:
             continue
         if metric.kind == "counter":
             family = CounterMetricFamily(metric.family, metric.help, labels=metric.labels)
-            series = values.get(metric.name, {})
+            series = dict(values.get(metric.name, {}))
+            for labels in (known or {}).get(metric.name, ()):
+                series.setdefault(labels, 0.0)
             if not series and not metric.labels:
                 series = {(): 0.0}
             for labels, value in sorted(series.items()):

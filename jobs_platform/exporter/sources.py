@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from jobs_platform import coordination
+from jobs_platform.exporter import known
 from jobs_platform.metrics import counters
 from jobs_platform.schedule.state import SKIPPED_KEY, TICKS_KEY
 
@@ -37,6 +38,8 @@ class Sources:
     beat_ticks_key: str
     beat_skipped_key: str
     worker_late_s: float
+    #: Counter sample -> label values served at 0 until recorded (:mod:`.known`).
+    known: dict[str, list[tuple[str, ...]]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_app(cls, app: Any) -> Sources:
@@ -51,4 +54,5 @@ class Sources:
             beat_ticks_key=TICKS_KEY,
             beat_skipped_key=SKIPPED_KEY,
             worker_late_s=WORKER_LATE_INTERVALS * interval + WORKER_LATE_SLACK_S,
+            known=known.label_values(app),
         )
