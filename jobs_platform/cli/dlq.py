@@ -115,11 +115,17 @@ def show(ctx: click.Context, row_id: int, as_json: bool) -> None:
 @filter_options(status="dead", status_option=True)
 @reason_moved
 @click.option("--top", default=20, show_default=True, type=click.IntRange(1, 1000))
+@click.option(
+    "--exact",
+    is_flag=True,
+    help="Count the rows themselves (a GROUP BY over every matching row) instead of the "
+    "group counts the database keeps; --since always does.",
+)
 @json_option
 @click.pass_context
-def stats(ctx: click.Context, where: Filter, top: int, as_json: bool) -> None:
+def stats(ctx: click.Context, where: Filter, top: int, exact: bool, as_json: bool) -> None:
     """Counts by task and by error fingerprint."""
-    result = _store(ctx).stats(where, top=top)
+    result = _store(ctx).stats(where, top=top, exact=exact)
     if as_json:
         render.emit_json([dataclasses.asdict(result)])  # total, by_status, by_task, ...
     else:
@@ -261,6 +267,23 @@ def purge(
         actor,
         extra={"event": "jobs.dlq.purged", "count": deleted, "reason": reason, "actor": actor},
     )
+
+
+@dlq.command("recount")
+@click.pass_context
+def recount(ctx: click.Context) -> None:
+    """Rebuild the group counts behind `dlq stats` from the rows.
+
+    Triggers keep them with every write, whoever writes; this is for what skips triggers
+    (a restore of the table alone, session_replication_role = replica). Writers wait while
+    it runs (one GROUP BY over the table).
+    """
+    store = _store(ctx)
+    try:
+        groups = store.recount()
+    except sqlalchemy.exc.SQLAlchemyError as exc:
+        raise click.ClickException(f"recount failed, the counts are as they were: {exc}") from exc
+    click.echo(f"recounted {store.count()} row(s) into {groups} group(s)")
 
 
 @dlq.command("drain")

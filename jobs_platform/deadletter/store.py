@@ -2,7 +2,9 @@
 
 Every write is conditional, so it is safe to repeat: :meth:`DeadLetterStore.add` ignores a
 dead letter whose ``dedupe_key`` is already stored, and replay/discard only move rows that
-are still ``dead`` (a second replay of the same row finds nothing to do).
+are still ``dead`` (a second replay of the same row finds nothing to do). ``dlq stats``
+reads ``dead_letter_counts``, which the database keeps with every write to the rows
+(:mod:`jobs_platform.deadletter.counts`).
 """
 
 from __future__ import annotations
@@ -17,11 +19,13 @@ import sqlalchemy as sa
 
 from jobs_platform.clock import as_utc, utcnow
 from jobs_platform.db import engine_for, insert_ignoring
+from jobs_platform.deadletter import counts
 from jobs_platform.deadletter.model import DeadLetterJob
 from jobs_platform.deadletter.record import DeadLetter, parse_time
 
 TABLE: sa.Table = DeadLetterJob.__table__  # type: ignore[assignment]
 C = TABLE.c
+COUNTED = counts.COUNTS.c
 DATETIME_COLUMNS = ("enqueued_at", "failed_at", "resolved_at")
 
 
@@ -36,6 +40,11 @@ class Filter:
     fingerprint: str | None = None
     since: dt.datetime | None = None
     ids: tuple[int, ...] | None = None
+
+    @property
+    def counted(self) -> bool:
+        """Whether the group counts can answer for this filter (they have no times or ids)."""
+        return self.since is None and self.ids is None
 
     def where(self) -> list[sa.ColumnElement[bool]]:
         clauses: list[sa.ColumnElement[bool]] = []
@@ -182,7 +191,17 @@ class DeadLetterStore:
                 ).rowcount
             )
 
+    def recount(self) -> int:
+        """Rebuild the group counts from the rows (after hand edits); how many groups."""
+        with self.engine.begin() as conn:
+            return counts.recount(conn)
+
     # -- reads -------------------------------------------------------------------------
+
+    def _has_counts(self) -> bool:
+        """Whether migration 0003 ran (a reader may be newer than the database it reads)."""
+        with self.engine.connect() as conn:
+            return sa.inspect(conn).has_table(counts.COUNTS.name)
 
     def has_table(self) -> bool:
         """Whether the table exists (raises when the database cannot be reached)."""
@@ -247,22 +266,39 @@ class DeadLetterStore:
                 ).scalar_one()
             )
 
-    def stats(self, where: Filter = Filter(), *, top: int = 20) -> Stats:
-        """Counts by status, by task and by (task, fingerprint), largest groups first."""
-        clauses = where.where()
-        n = sa.func.count().label("n")
+    def stats(self, where: Filter = Filter(), *, top: int = 20, exact: bool = False) -> Stats:
+        """Counts by status, by task and by (task, fingerprint), largest groups first.
+
+        Read from the group counts unless ``where`` has a time or ids (or ``exact``): then
+        from the rows, a GROUP BY over every row that matches.
+        """
+        if where.counted and not exact and self._has_counts():
+            source, n = counts.COUNTS, sa.func.sum(COUNTED.count).label("n")
+            newest = sa.func.max(COUNTED.last_id).label("sample")
+            clauses = [
+                COUNTED[name if name != "task" else "task_name"] == getattr(where, name)
+                for name in ("status", "task", "queue", "reason", "fingerprint")
+                if getattr(where, name) is not None
+            ]
+        else:
+            source, n = TABLE, sa.func.count().label("n")
+            newest = sa.func.max(C.id).label("sample")
+            clauses = where.where()
+        col = source.c
         with self.engine.connect() as conn:
             by_status = {
                 str(s): int(c)
                 for s, c in conn.execute(
-                    sa.select(C.status, n).where(*clauses).group_by(C.status)
+                    sa.select(col.status, n).where(*clauses).group_by(col.status)
                 ).all()
+                if c
             }
-            # One pass over the (status, task, fingerprint, id) index gives both groupings.
+            # One pass (over the group counts, or the (status, task, fingerprint, id) index)
+            # gives both groupings.
             all_groups = conn.execute(
-                sa.select(C.task_name, C.fingerprint, n, sa.func.max(C.id).label("sample"))
+                sa.select(col.task_name, col.fingerprint, n, newest)
                 .where(*clauses)
-                .group_by(C.task_name, C.fingerprint)
+                .group_by(col.task_name, col.fingerprint)
             ).all()
             tasks: dict[str, int] = {}
             for g in all_groups:
@@ -276,13 +312,13 @@ class DeadLetterStore:
                 int(r.id): r
                 for r in conn.execute(
                     sa.select(C.id, C.error_type, C.error_message, C.failed_at).where(
-                        C.id.in_([int(g.sample) for g in groups])
+                        C.id.in_([int(g.sample or 0) for g in groups])
                     )
                 ).all()
             }
         by_fingerprint = []
         for g in groups:
-            sample = samples.get(int(g.sample))
+            sample = samples.get(int(g.sample or 0))
             by_fingerprint.append(
                 {
                     "task_name": g.task_name,

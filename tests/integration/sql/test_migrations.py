@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from alembic.script import ScriptDirectory
 
 from jobs_platform import db
 from jobs_platform.deadletter.record import DeadLetter
@@ -32,7 +33,10 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[3]
 OURS = "jobs_platform_alembic_version"
 DEFAULT = "alembic_version"
-HEAD = "0002"
+#: The newest revision the platform ships (what an upgrade ends at).
+#: The last revision older releases recorded in alembic_version (the legacy layout).
+LEGACY = "0002"
+HEAD = ScriptDirectory.from_config(db.alembic_config("sqlite://")).get_current_head()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -160,14 +164,14 @@ def make_legacy(url: str, *app_revisions: str) -> None:
     from alembic.migration import MigrationContext
     from alembic.script import ScriptDirectory
 
-    db.upgrade(url)
+    db.upgrade(url, LEGACY)
     script = ScriptDirectory.from_config(db.alembic_config(url))
     with db.engine_for(url).begin() as conn:
         conn.execute(sa.text(f"DROP TABLE IF EXISTS {OURS}"))
-        MigrationContext.configure(conn).stamp(script, HEAD)  # what the old env.py wrote
+        MigrationContext.configure(conn).stamp(script, LEGACY)  # what the old env.py wrote
         for revision in app_revisions:
             conn.execute(sa.text(f"INSERT INTO {DEFAULT} (version_num) VALUES ('{revision}')"))
-    assert rows(url, DEFAULT) == {HEAD, *app_revisions} and rows(url, OURS) is None
+    assert rows(url, DEFAULT) == {LEGACY, *app_revisions} and rows(url, OURS) is None
 
 
 def seed(url: str) -> tuple[int, str]:
@@ -256,9 +260,9 @@ def test_a_legacy_database_moves_its_revision_and_keeps_every_row(
     assert app_alembic("upgrade", "head", ok=False).returncode != 0  # the reported failure
 
     current = platform(url, "current").stdout
-    assert HEAD in current and "db upgrade" in current  # says the move is pending
+    assert LEGACY in current and "db upgrade" in current  # says the move is pending
     upgraded = platform(url, "upgrade")
-    assert f"moved platform revision {HEAD} from {DEFAULT} to {OURS}" in upgraded.stdout
+    assert f"moved platform revision {LEGACY} from {DEFAULT} to {OURS}" in upgraded.stdout
     assert f"dropped {DEFAULT}" in upgraded.stdout
     assert rows(url, OURS) == {HEAD} and rows(url, DEFAULT) is None
     assert_seeded_rows_kept(url, seeded)
@@ -281,7 +285,7 @@ def test_a_legacy_alembic_version_shared_with_the_app_keeps_the_apps_row(
         conn.execute(sa.text("CREATE TABLE orders (id INTEGER PRIMARY KEY, item VARCHAR(50))"))
     seeded = seed(url)
     upgraded = platform(url, "upgrade")
-    assert f"moved platform revision {HEAD} from {DEFAULT} to {OURS}" in upgraded.stdout
+    assert f"moved platform revision {LEGACY} from {DEFAULT} to {OURS}" in upgraded.stdout
     assert f"{DEFAULT} keeps the app's revisions ({app_alembic.revision})" in upgraded.stdout
     assert rows(url, OURS) == {HEAD} and rows(url, DEFAULT) == {app_alembic.revision}
     assert_seeded_rows_kept(url, seeded)
@@ -338,13 +342,13 @@ def test_the_move_waits_for_a_migration_in_progress() -> None:
                 )
 
             wait_for(waiting_for_the_lock, timeout_s=60, message="db upgrade to wait for the lock")
-            assert rows(url, DEFAULT) == {HEAD} and rows(url, OURS) is None
+            assert rows(url, DEFAULT) == {LEGACY} and rows(url, OURS) is None
             conn.execute(sa.text("SELECT pg_advisory_unlock(:id)"), lock)
             conn.commit()
         holder.dispose()
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, out + err
-        assert f"moved platform revision {HEAD}" in out
+        assert f"moved platform revision {LEGACY}" in out
         assert rows(url, OURS) == {HEAD} and rows(url, DEFAULT) is None
         assert_seeded_rows_kept(url, seeded)
         db.engine_for(url).dispose()
@@ -363,7 +367,7 @@ def test_platform_tables_without_a_recorded_revision_are_refused_clearly(url: st
     assert "db stamp" in refused.stderr and "Traceback" not in refused.stderr
     assert rows(url, OURS) is None and rows(url, DEFAULT) == set()  # nothing changed
 
-    platform(url, "stamp", HEAD)
+    platform(url, "stamp", LEGACY)
     assert "moved" not in platform(url, "upgrade").stdout
     assert rows(url, OURS) == {HEAD} and rows(url, DEFAULT) == set()  # the app's table stays
     assert_seeded_rows_kept(url, seeded)
@@ -376,11 +380,11 @@ def test_ambiguous_legacy_rows_change_nothing(url: str) -> None:
     make_legacy(url, "0001")  # the app's 0001 next to the platform's 0002: which is ours?
     with pytest.raises(ConfigError, match="several revisions"):
         db.upgrade(url)
-    assert rows(url, DEFAULT) == {HEAD, "0001"} and rows(url, OURS) is None
+    assert rows(url, DEFAULT) == {LEGACY, "0001"} and rows(url, OURS) is None
 
     with db.engine_for(url).begin() as conn:  # the platform's 0002, half its tables gone
         conn.execute(sa.text(f"DELETE FROM {DEFAULT} WHERE version_num = '0001'"))
         conn.execute(sa.text("DROP TABLE idempotency_keys"))
     with pytest.raises(ConfigError, match="only some of the tables"):
         db.upgrade(url)
-    assert rows(url, DEFAULT) == {HEAD} and rows(url, OURS) is None
+    assert rows(url, DEFAULT) == {LEGACY} and rows(url, OURS) is None
