@@ -31,7 +31,11 @@ from jobs_platform.routing import QUEUE_NAMES
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = str(Path(sys.executable).parent / "celery")
 #: Stand-ins for the values .env.example leaves empty (compose refuses to start without them).
-SECRETS = {"POSTGRES_PASSWORD": "pg-secret", "FLOWER_PASSWORD": "flower-secret"}
+SECRETS = {
+    "POSTGRES_PASSWORD": "pg-secret",
+    "FLOWER_PASSWORD": "flower-secret",
+    "GRAFANA_PASSWORD": "grafana-secret",
+}
 #: The one service without a health check: a one-shot job that exits. Its exit status is
 #: its health (the workers wait for `service_completed_successfully`), and a health check
 #: on a container that is meant to stop would only report it unhealthy once it is done.
@@ -312,7 +316,7 @@ def report(parsed: Runs, key: str) -> dict[str, Any]:
 
 def test_compose_runs_the_whole_stack(services: dict[str, dict[str, Any]]) -> None:
     expected = {"redis", "postgres", "migrate", "beat", "beat-standby", "flower", "metrics"}
-    assert {*expected, "prometheus", *worker_names()} <= set(services)
+    assert {*expected, "prometheus", "grafana", *worker_names()} <= set(services)
     for name, service in services.items():
         assert ("image" in service) != ("build" in service), f"{name}: an image or our build"
         if "build" not in service:
@@ -514,13 +518,13 @@ def test_flower_needs_a_password_and_keeps_its_state_on_a_volume(
     assert [port for _, _, port in published(flower)] == [options["port"]]
 
 
-def test_only_flower_and_prometheus_publish_ports_and_on_loopback_only(
+def test_only_the_pages_people_open_publish_ports_and_on_loopback_only(
     services: dict[str, dict[str, Any]],
 ) -> None:
-    # Neither has authentication on every page (Flower's /metrics and /healthcheck, all of
-    # Prometheus); the exporter has none at all and is reached on the compose network.
+    # Not all of them have authentication on every page (Flower's /metrics and /healthcheck,
+    # all of Prometheus); the exporter has none at all and is reached on the compose network.
     publishing = {name for name, service in services.items() if service.get("ports")}
-    assert publishing == {"flower", "prometheus"}
+    assert publishing == {"flower", "prometheus", "grafana"}
     for name in publishing:
         for host, _, _ in published(services[name]):
             assert host == "127.0.0.1", f"{name} published beyond loopback"
@@ -635,3 +639,37 @@ def test_the_image_can_import_the_app_it_runs() -> None:
     copied = [top_level, f"./{top_level}"] in copies
     on_path = workdir in env.get("PYTHONPATH", "").split(":")
     assert packaged or (copied and on_path), f"{top_level} is neither installed nor copied"
+
+
+def test_grafana_is_provisioned_from_ops_with_prometheus_and_the_dashboard(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    grafana, prometheus = services["grafana"], services["prometheus"]
+    assert grafana["image"].startswith("grafana/grafana:")
+    assert grafana["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
+    # Grafana reads /etc/grafana/provisioning: both files come from the repository.
+    sources = yaml.safe_load(
+        in_container(grafana, "/etc/grafana/provisioning/datasources/prometheus.yml").read_text()
+    )["datasources"]
+    assert [(s["type"], s["url"], s["isDefault"]) for s in sources] == [
+        ("prometheus", "http://prometheus:9090", True)
+    ]
+    assert [port for _, _, port in published(prometheus)] == [9090]  # where that URL points
+    providers = yaml.safe_load(
+        in_container(grafana, "/etc/grafana/provisioning/dashboards/jobs-platform.yml").read_text()
+    )["providers"]
+    assert [p["type"] for p in providers] == ["file"]
+    folder = in_container(grafana, providers[0]["options"]["path"])
+    assert folder == ROOT / "ops/grafana" and (folder / "dashboard.json").is_file()
+    board = json.loads((folder / "dashboard.json").read_text())
+    # The dashboard picks its data source through its variable: Prometheus, the default.
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["DS_PROMETHEUS"]["type"] == "datasource"
+    assert variables["DS_PROMETHEUS"]["query"] == "prometheus"
+    env = container_env(grafana)
+    home = in_container(grafana, env["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"])
+    assert home == ROOT / "ops/grafana/dashboard.json"
+    assert env["GF_SECURITY_ADMIN_PASSWORD"] == SECRETS["GRAFANA_PASSWORD"]
+    assert any(v.endswith(":/var/lib/grafana") for v in grafana["volumes"]), "state on a volume"
+    assert probe_url(grafana) == "http://127.0.0.1:3000/api/health"
+    assert [port for _, _, port in published(grafana)] == [3000]
