@@ -62,8 +62,8 @@ class Settings:
     visibility_timeout: float = _knob(
         3600.0,
         "s",
-        "Unacknowledged messages return to the queue after this long. Every "
-        "task's hard time limit and longest retry wait must stay below it minus the margin.",
+        "Unacknowledged messages return to the queue after this long if no worker lease "
+        "brought them back first (the backstop). Delayed waits stay below it minus the margin.",
     )
     visibility_margin: float = _knob(
         60.0,

@@ -97,26 +97,18 @@ class UniqueLocks:
         return self.leases.release(LOCK_PREFIX + identity, task_id)
 
     def confirm(self, identity: str, task_id: str, ttl_s: float) -> bool:
-        """The job is published: its lock lives ``ttl_s`` (``unique_for``) from now. If the
-        pending lock lapsed meanwhile (a publish slower than its bound) it is taken again
-        when still free; False when another dispatch holds it now (its guards absorb it)."""
-        if self.leases.extend(LOCK_PREFIX + identity, task_id, ttl_s):
-            return True
-        _holder, acquired = self.leases.acquire(LOCK_PREFIX + identity, task_id, ttl_s)
-        return acquired
+        """The job is published: its lock lives ``ttl_s`` (``unique_for``) from now, if it
+        still holds it. A lock that is gone is not taken again: the job may already have
+        run and released it (a fast worker beats the producer's confirm), and a lock
+        brought back then would turn every re-dispatch away for ``unique_for``."""
+        return bool(self.leases.extend(LOCK_PREFIX + identity, task_id, ttl_s))
 
     def confirm_many(self, claims: Sequence[tuple[str, str]], ttl_s: float) -> None:
-        """:meth:`confirm` for each ``(identity, task_id)``, in one round trip (a lapsed one
-        is taken again if free, in a second)."""
+        """:meth:`confirm` for each ``(identity, task_id)``, in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         for identity, task_id in claims:
             self.leases.extend_on(pipe, LOCK_PREFIX + identity, task_id, ttl_s)
-        lapsed = [claim for claim, ok in zip(claims, pipe.execute(), strict=True) if not ok]
-        if lapsed:
-            again = self.client.pipeline(transaction=False)
-            for identity, task_id in lapsed:
-                self.leases.acquire_on(again, LOCK_PREFIX + identity, task_id, ttl_s)
-            again.execute()
+        pipe.execute()
 
     def acquire_many(self, claims: Sequence[tuple[str, str]], ttl_s: float) -> list[str]:
         """:meth:`acquire` for each ``(identity, task_id)``, in order, in one round trip;

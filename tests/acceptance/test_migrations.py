@@ -18,6 +18,7 @@ from tests.conftest import fresh_pg_database
 from tests.integration.sql.test_migrations import (
     DEFAULT,
     HEAD,
+    LEGACY,
     OURS,
     AppAlembic,
     assert_seeded_rows_kept,
@@ -55,7 +56,8 @@ def test_a_starting_worker_moves_the_legacy_revision_and_frees_alembic_version(
             message=lambda: f"the platform's version table:\n{worker.log()[-2000:]}",
         )
         assert rows(legacy_url, DEFAULT) is None
-        assert f"moved platform revision {HEAD} from {DEFAULT} to {OURS}" in worker.log()
+        # The legacy layout is one revision behind: moved as it was, then upgraded.
+        assert f"moved platform revision {LEGACY} from {DEFAULT} to {OURS}" in worker.log()
         assert_seeded_rows_kept(legacy_url, seeded)
 
         app = AppAlembic(tmp_path / "app", legacy_url, revision="a1b2c3d4e5f6")

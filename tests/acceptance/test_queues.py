@@ -133,7 +133,11 @@ def test_delay_beyond_max_delay_fails_at_dispatch(test_app: Any) -> None:
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
-        ("hard_limit", "time_limit 26 s is not below the visibility timeout"),
+        (
+            "lease",
+            "worker_lease 28 s + unacked_restore_interval 5 s must be below "
+            "visibility_timeout 30 s",
+        ),
         ("retry_wait", "retry_backoff_max 25 s is longer than JOBS_MAX_DELAY (20 s)"),
         ("soft_limit", "soft_time_limit 12 s must be below time_limit 10 s"),
     ],
