@@ -11,7 +11,7 @@ ENV PATH=/opt/venv/bin:$PATH \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY . .
-RUN pip install .
+RUN pip install -c constraints.txt ".[postgres,gevent]"
 
 FROM python:3.11-slim
 ENV PATH=/opt/venv/bin:$PATH \
@@ -28,7 +28,7 @@ RUN groupadd --system --gid 10001 app \
     && chown app:app /data
 COPY --from=build /opt/venv /opt/venv
 # The reference app is not part of the package: it runs from source, like an app that
-# lives in its repository next to its Celery config. If `pip install .` above installs
+# lives in its repository next to its Celery config. If the `pip install` above installs
 # your app, delete this COPY; otherwise copy your app's packages here instead.
 WORKDIR /app
 COPY tasks ./tasks

@@ -4,16 +4,33 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PIP := --quiet --disable-pip-version-check
+# The lowest supported versions (constraints-lowest.txt), next to an application's own
+# narrower ranges: the environment the lowest-versions pass runs in, built once.
+LOWEST := .venv-lowest
+LOWEST_STAMP := $(LOWEST)/.installed
+APP_RANGES := 'sqlalchemy>=2.0,<2.1' 'alembic<1.15' 'tenacity<9' 'redis>=6.4,<7'
+# What that pass runs (about 2 minutes): the private Celery/kombu names, the app's Alembic
+# next to the platform's, and a package of a team's own on the wheel with real workers.
+LOWEST_TESTS := tests/unit/test_internals.py tests/integration/sql/test_app_alembic.py \
+	tests/acceptance/test_lowest_versions.py
 
-.PHONY: install services lint typecheck unit test demo bench chaos clean
+.PHONY: install services lint typecheck unit test lowest demo bench chaos clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(BIN)/python -m pip install $(PIP) --upgrade pip
+	$(BIN)/python -m pip install $(PIP) -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
+
+$(LOWEST_STAMP): pyproject.toml constraints-lowest.txt
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install $(PIP) -c constraints-lowest.txt \
+		'.[postgres,gevent]' $(APP_RANGES) pytest pytest-timeout hypothesis
+	touch $(LOWEST_STAMP)
 
 services:
 	@bash ops/ensure-services.sh
@@ -30,6 +47,14 @@ unit: install
 
 test: install services lint typecheck
 	$(BIN)/pytest
+	$(MAKE) lowest
+
+# The checkout's wheel (no dependencies: they stay at the lowest versions) over the cached
+# environment, `pip check` (the wheel's ranges hold the versions installed), then the pass.
+lowest: $(LOWEST_STAMP) services
+	$(LOWEST)/bin/python -m pip install $(PIP) --no-deps --force-reinstall .
+	$(LOWEST)/bin/python -m pip check
+	JOBS_LOWEST_VERSIONS=1 $(LOWEST)/bin/pytest $(LOWEST_TESTS)
 
 demo: install
 	$(BIN)/python -m tasks.demo
@@ -52,4 +77,4 @@ chaos: install services
 	$(BIN)/python -m bench.chaos --jobs 20000
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .demo jobs_platform.sqlite3*
+	rm -rf $(VENV) $(LOWEST) .pytest_cache .mypy_cache .ruff_cache .demo jobs_platform.sqlite3*

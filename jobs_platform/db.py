@@ -150,8 +150,53 @@ def upgrade(url: str, revision: str = "head") -> LegacyMove | None:
 
     with _migration_lock(url):
         moved = _move_legacy_revision(url)
+        check_not_half_migrated(url, revision)
         command.upgrade(alembic_config(url), revision)
     return moved
+
+
+#: The tables each of the platform's revisions creates (a revision not listed creates none).
+CREATES: dict[str, tuple[str, ...]] = {"0001": ("dead_letter_jobs",), "0002": ("idempotency_keys",)}
+
+
+def check_not_half_migrated(url: str, revision: str = "head") -> None:
+    """Refuse, in one paragraph, an upgrade that would fail on a table already there.
+
+    A database whose version table is behind its tables (a run that created a table but
+    was never recorded, ``create_all``, a hand-made ``db stamp``) would end in the driver's
+    DuplicateTable error; this says what was found and which ``db stamp`` records it.
+    """
+    from alembic.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util import CommandError
+
+    script = ScriptDirectory.from_config(alembic_config(url))
+    with engine_for(url).connect() as conn:
+        tables = set(sa.inspect(conn).get_table_names())
+        opts = {"version_table": VERSION_TABLE}
+        recorded = MigrationContext.configure(conn, opts=opts).get_current_heads()
+    try:
+        lower = recorded[0] if len(recorded) == 1 else "base"
+        pending = [s.revision for s in script.iterate_revisions(revision, lower)]
+    except CommandError:
+        return  # not a plain upgrade (a downgrade target, branches): Alembic's own words
+    there = sorted({t for rev in pending for t in CREATES.get(rev, ()) if t in tables})
+    if not there:
+        return
+    at = None
+    for rev in reversed([s.revision for s in script.walk_revisions()]):  # base first
+        if not all(t in tables for t in CREATES.get(rev, ())):
+            break
+        at = rev
+    found = ", ".join(recorded) or "no revision"
+    raise ConfigError(
+        f"the platform's database at {masked(url)} is half-migrated: {VERSION_TABLE} records "
+        f"{found}, but {', '.join(there)} (created by a later revision) already exist"
+        f"{'s' if len(there) == 1 else ''}, so the upgrade would fail on CREATE TABLE. If "
+        f"{'it is' if len(there) == 1 else 'they are'} the platform's (a run that was never "
+        "recorded, or create_all), record the revision the tables are at with "
+        f"`celery -A APP db stamp {at}` and run `db upgrade` again; nothing was changed"
+    )
 
 
 def try_upgrade(url: str) -> bool:

@@ -5,7 +5,9 @@ refused for the same reasons, with the same words, whichever way it is sent:
 
 - :func:`check_options`: an explicit queue is a declared one; a countdown or ETA is
   within ``JOBS_MAX_DELAY``;
-- :func:`check_size` / :func:`encode_arguments`: the arguments are JSON and within
+- :func:`check_size` / :func:`encode_arguments`: the arguments are kombu's JSON, so each
+  value arrives as the type it was sent (:mod:`jobs_platform.arguments`: a set is refused,
+  naming where it is; a datetime or a Decimal round-trips), and within
   ``JOBS_MAX_PAYLOAD_BYTES`` (:mod:`jobs_platform.payload` measures them);
 - :func:`broker_unreachable`: the error a caller gets when the broker did not answer.
 
@@ -20,9 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kombu.exceptions import OperationalError
-from kombu.utils.json import dumps as kombu_dumps
 
-from jobs_platform import history, rules
+from jobs_platform import arguments, brokers, history, rules
 from jobs_platform.brokers.interface import Broker
 from jobs_platform.clock import as_utc, utc_iso, utcnow
 from jobs_platform.errors import DispatchError
@@ -49,31 +50,26 @@ def check_options(task: Any, options: Mapping[str, Any]) -> None:
         rules.check_dispatch_delay(task.name, delay_s, max_delay_s=task.app.jobs_settings.max_delay)
 
 
-def not_json(task: Any, exc: BaseException) -> DispatchError:
-    return DispatchError(
-        f"{task.name}: arguments must be JSON-serialisable ({exc}); pass IDs, not objects"
-    )
+def not_json(task: Any, exc: BaseException, args: Any, kwargs: Any) -> DispatchError:
+    """The refusal of arguments kombu's JSON cannot carry, naming the argument."""
+    return DispatchError(arguments.refusal(task.name, args, kwargs, exc))
 
 
 def encode_arguments(task: Any, args: Any, kwargs: Any) -> str:
     """The JSON of ``[args, kwargs]`` as kombu sends it, within ``JOBS_MAX_PAYLOAD_BYTES``;
-    DispatchError when it is not JSON or too large."""
+    DispatchError when a value cannot be sent (naming it) or the whole is too large."""
     try:
-        payload = arguments_json(args, kwargs, dumps=kombu_dumps)
+        payload = arguments_json(args, kwargs, dumps=arguments.dumps)
     except (TypeError, ValueError) as exc:
-        raise not_json(task, exc) from exc
+        raise not_json(task, exc, args, kwargs) from exc
     _check_bytes(task, size_of(payload))
     return payload
 
 
 def check_size(task: Any, args: Any, kwargs: Any) -> None:
-    """Refuse arguments over ``JOBS_MAX_PAYLOAD_BYTES``; arguments that are not JSON at all
-    pass here (the publish raises kombu's EncodeError, which :func:`not_json` words)."""
-    try:
-        payload = arguments_json(args, kwargs, dumps=kombu_dumps)
-    except (TypeError, ValueError):
-        return
-    _check_bytes(task, size_of(payload))
+    """Refuse, before anything is sent, arguments kombu's JSON cannot carry or that are over
+    ``JOBS_MAX_PAYLOAD_BYTES``."""
+    encode_arguments(task, args, kwargs)
 
 
 def _check_bytes(task: Any, size: int) -> None:
@@ -114,8 +110,14 @@ def broker_down(broker: Broker, exc: BaseException) -> bool:
     return any(_is_connection_error(broker, link) for link in _causes(exc))
 
 
-def root_message(exc: BaseException) -> str:
-    return str(_causes(exc)[-1]).strip() or type(exc).__name__
+def root_message(exc: BaseException, broker: Broker | None = None) -> str:
+    """What ``exc`` comes down to: the innermost link that says the broker did not answer
+    (an error it was raised while handling, such as the IndexError of kombu's empty channel
+    list, is not the cause), else the innermost link."""
+    chain = _causes(exc)
+    if broker is not None:
+        chain = [link for link in chain if _is_connection_error(broker, link)] or chain
+    return str(chain[-1]).strip() or type(exc).__name__
 
 
 def broker_unreachable(task: Any, exc: BaseException) -> DispatchError:
@@ -124,5 +126,5 @@ def broker_unreachable(task: Any, exc: BaseException) -> DispatchError:
     return DispatchError(
         f"{task.name}: the broker at {masked(settings.broker_url)} did not answer within "
         f"{settings.dispatch_timeout:g} s (JOBS_DISPATCH_TIMEOUT); nothing was enqueued: "
-        f"{root_message(exc)}"
+        f"{root_message(exc, brokers.of(task.app))}"
     )

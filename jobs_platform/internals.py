@@ -344,6 +344,16 @@ INTERNALS: tuple[Internal, ...] = (
         instance_attribute=True,
     ),
     Internal(
+        "celery.bin.celery",
+        "find_app",
+        "replaced",
+        "jobs_platform.cli.errors",
+        "the -A app is loaded here, inside the celery group's callback, which turns any error "
+        "into a usage error with its whole traceback: a ConfigError becomes one short message",
+        "an error handler for app loading in Celery's CLI",
+        params=("app", "symbol_by_name", "imp"),
+    ),
+    Internal(
         "flower.options",
         "default_options",
         "written",

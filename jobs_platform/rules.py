@@ -10,8 +10,8 @@ phase          applied by                                             rules
 settings       ``Settings`` when the table is loaded (create_app)     ``check_settings``
 declaration    ``TaskSpec`` when a task is declared (import time)     ``check_declared_*``,
                                                                       ``check_task_limits``
-start-up       the worker's start-up checks (:mod:`.startup`) and     ``check_pool``,
-               the app's finalize                                     ``check_prefetch``, ...
+start-up       the worker's start-up checks (:mod:`.startup`), the    ``check_pool``,
+               app's finalize, beat's schedule                        ``check_prefetch``, ...
 dispatch       ``ReliableTask.apply_async``                           ``check_dispatch_*``
 =============  =====================================================  =======================
 
@@ -27,6 +27,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
+from jobs_platform import arguments
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.routing import QUEUE_NAMES, check_queue
 
@@ -362,6 +363,18 @@ def check_queue_selection(named: Iterable[str], declared: Collection[str]) -> No
         raise ConfigError(
             f"-Q/-X {', '.join(unknown)}: no such queue; the queues are {', '.join(declared)} "
             "(queues are declared by jobs-platform, never created on the fly)"
+        )
+
+
+def check_beat_entry_arguments(entry: str, args: Any, kwargs: Any) -> None:
+    """A beat entry's arguments must be values a job's JSON carries (the dispatch rule,
+    :mod:`jobs_platform.arguments`), checked when beat starts rather than at every tick."""
+    found = arguments.unsendable(args, kwargs)
+    if found is not None:
+        raise ConfigError(
+            f"beat entry {entry!r}: argument {found[0]} is {found[1]}, which a job's JSON "
+            "cannot carry: pass JSON values (a list for a set, IDs for objects); datetime, "
+            "date, time, Decimal, UUID and bytes arrive as their own type"
         )
 
 

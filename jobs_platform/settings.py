@@ -237,6 +237,12 @@ class Settings:
         "bool",
         "Allow Flower to start with no authentication (refused otherwise).",
     )
+    cli_traceback: bool = _knob(
+        False,
+        "bool",
+        "Show the traceback of a ConfigError/DispatchError at the `celery` command line (read "
+        "from the environment before the app loads); off: one short message.",
+    )
 
     def __post_init__(self) -> None:
         # Frozen: the mode is normalised in place (a bool or `0`/`true` -> its mode name).

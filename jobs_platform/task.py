@@ -26,7 +26,7 @@ from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError
 
 from jobs_platform import brokers, bulk, cheap_retry, coordination, dispatch, history, rules
-from jobs_platform.errors import ConfigError
+from jobs_platform.errors import ConfigError, PermanentError
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
 from jobs_platform.ratelimit import DEFERRED, limiter_for
@@ -76,6 +76,10 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     classifier: ClassVar[Any] = staticmethod(classify.default_classifier)
     #: RNG for the jitter (inject a seeded one in tests).
     rng: ClassVar[UniformRng | None] = None
+    #: Celery's "expected" errors: logged at INFO without a traceback ("raised expected"),
+    #: not at ERROR as "raised unexpected". A PermanentError is the task's own verdict; its
+    #: dead letter keeps the error and the traceback.
+    throws: ClassVar[tuple[type[BaseException], ...]] = (PermanentError,)
     #: Argument names that identify the logical job (e.g. ``("invoice_id",)``); they give
     #: ``idempotency_key`` and the unique-dispatch lock (:mod:`jobs_platform.idempotency.unique`).
     business_key: ClassVar[Any] = ()
@@ -199,7 +203,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 return unique.dispatch_once(self, args, kwargs, options, super().apply_async)
             return super().apply_async(args, kwargs, **options)
         except EncodeError as exc:
-            raise dispatch.not_json(self, exc) from exc
+            raise dispatch.not_json(self, exc, args, kwargs) from exc
         except Exception as exc:
             if not dispatch.broker_down(brokers.of(self.app), exc):
                 raise

@@ -24,7 +24,7 @@ from celery import bootsteps
 from jobs_platform import db
 from jobs_platform.deadletter.metrics import WRITE_FAILURES
 from jobs_platform.deadletter.record import DeadLetter
-from jobs_platform.deadletter.sink import DeadLetterSink, is_transient, sink_for
+from jobs_platform.deadletter.sink import DeadLetterSink, is_transient, rejected_why, sink_for
 from jobs_platform.process_local import per_process
 
 logger = logging.getLogger("jobs_platform.deadletter")
@@ -104,7 +104,7 @@ class Drainer:
                         done.stopped_by = exc  # the database is down: end this pass
                         return
                     self.sink.report_rejected(letter, exc)
-                    spool.reject(text)  # a broker error ends this pass
+                    spool.reject(text, rejected_why(letter, exc))  # a broker error ends it
                     done.rejected += 1
                 else:
                     spool.remove(text)

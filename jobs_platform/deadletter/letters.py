@@ -31,7 +31,7 @@ from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.app.task import Context
 from celery.exceptions import Reject
 
-from jobs_platform import history
+from jobs_platform import arguments, history
 from jobs_platform.clock import utcnow
 from jobs_platform.deadletter.record import DeadLetter, parse_time, row_id_or_none
 from jobs_platform.retry.classify import http_status
@@ -143,9 +143,11 @@ def _letter(
         queue=str(delivery.get("routing_key") or getattr(task, "queue_class", "") or ""),
         errors=errors,
         failed_at=utcnow(),
-        args=_as_given(args, list),
-        kwargs=_as_given(kwargs, dict),
-        headers={k: v for k, v in headers.items() if k != history.ERRORS_HEADER},
+        args=arguments.to_stored(_as_given(args, list)),
+        kwargs=arguments.to_stored(_as_given(kwargs, dict)),
+        headers=arguments.to_stored(
+            {k: v for k, v in headers.items() if k != history.ERRORS_HEADER}
+        ),
         priority=delivery.get("priority"),
         exchange=delivery.get("exchange"),
         routing_key=delivery.get("routing_key"),
@@ -221,10 +223,6 @@ def raw_body(message: Any) -> tuple[str | None, str | None]:
         return base64.b64encode(data).decode("ascii"), "base64"
 
 
-def _json_safe(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=repr))
-
-
 def _decoded_call(message: Any) -> tuple[Any, Any]:
     """args/kwargs of a JSON task message (so a replay works once the task exists)."""
     if getattr(message, "content_type", None) != "application/json":
@@ -259,7 +257,7 @@ def poison_letter(message: Any, error_type: str, error: str, hostname: str | Non
         failed_at=utcnow(),
         args=args,
         kwargs=kwargs,
-        headers=_json_safe(headers),
+        headers=arguments.to_stored(headers),
         priority=properties.get("priority") or delivery.get("priority"),
         exchange=delivery.get("exchange"),
         routing_key=delivery.get("routing_key"),

@@ -16,6 +16,7 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from jobs_platform import arguments
 from jobs_platform.clock import as_utc, utcnow
 
 REDACTED = "***"
@@ -257,7 +258,8 @@ class DeadLetter:
                 limit = COLUMN_LENGTHS.get(name)
                 values[name] = value[:limit] if limit else value
         for name in ("args", "kwargs", "headers", "errors"):
-            values[name] = clean_json(values[name])
+            # Typed values as the message carried them (a letter built by hand may hold any).
+            values[name] = clean_json(arguments.to_stored(values[name]))
         values["priority"] = small_int_or_none(values["priority"])
         values["replay_of"] = row_id_or_none(values["replay_of"])
         values["attempts"] = small_int_or_none(values["attempts"]) or 0
@@ -269,7 +271,8 @@ class DeadLetter:
         for name in ("failed_at", "enqueued_at"):
             value = data[name]
             data[name] = value.isoformat() if value is not None else None
-        return json.dumps(data, default=repr, sort_keys=True)
+        # Arguments are stored as sent (kombu's type tags), never as a repr: see arguments.py.
+        return arguments.storable_json(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | bytes) -> DeadLetter:

@@ -21,7 +21,7 @@ from typing import Any
 from celery.app.task import Context
 from celery.exceptions import QueueNotFound
 
-from jobs_platform import history
+from jobs_platform import arguments, history
 from jobs_platform.clock import utc_iso
 from jobs_platform.deadletter.store import DeadLetterStore, Outcome
 from jobs_platform.errors import JobsPlatformError
@@ -98,6 +98,14 @@ def check_replayable(row: dict[str, Any], *, allow_redacted: bool = False) -> No
             f"dead letter {row['id']} has kwargs of type {type(row['kwargs']).__name__}, "
             "not an object: Celery cannot send them"
         )
+    for name in ("args", "kwargs", "headers"):
+        lost = arguments.unstorable_in(row[name])
+        if lost is not None:
+            raise ReplayRefused(
+                f"dead letter {row['id']}'s {name} held a {lost}, which could not be stored "
+                "as it was (the task changed its own arguments?): it cannot be sent again as it "
+                "first was"
+            )
     if row["redacted"] and not allow_redacted:
         raise ReplayRefused(
             f"dead letter {row['id']} had secrets redacted: a replay would send '***' "
@@ -109,7 +117,10 @@ def publisher(app: Any) -> Publish:
     """``publish(row, new_task_id)`` for :meth:`DeadLetterStore.replay`."""
 
     def publish(row: dict[str, Any], new_task_id: str) -> None:
-        headers = replay_headers(row["headers"])
+        # Stored as sent (kombu's type tags): a datetime or a Decimal is sent as one again.
+        args = arguments.from_stored(row["args"] or [])
+        kwargs = arguments.from_stored(row["kwargs"] or {})
+        headers = replay_headers(arguments.from_stored(row["headers"]))
         headers[history.REPLAY_OF_HEADER] = row["id"]
         options: dict[str, Any] = {
             "task_id": new_task_id,
@@ -121,14 +132,24 @@ def publisher(app: Any) -> Publish:
         task = app.tasks.get(row["task_name"])
         if task is not None:
             # ReliableTask.apply_async stamps a fresh jobs_enqueued_at; retries start at 0.
-            task.apply_async(args=row["args"] or [], kwargs=row["kwargs"] or {}, **options)
+            task.apply_async(args=args, kwargs=kwargs, **options)
         else:
             headers[history.ENQUEUED_HEADER] = utc_iso()
-            app.send_task(
-                row["task_name"], args=row["args"] or [], kwargs=row["kwargs"] or {}, **options
-            )
+            app.send_task(row["task_name"], args=args, kwargs=kwargs, **options)
 
     return publish
+
+
+def registered_in(app: Any) -> Callable[[str], bool]:
+    """Whether ``app`` declares a task of that name: its tasks once the modules a worker
+    imports at start (``imports``, ``include``) are imported, as a worker would."""
+
+    def registered(name: str) -> bool:
+        if name not in app.tasks:
+            app.loader.import_default_modules()
+        return name in app.tasks
+
+    return registered
 
 
 def replay_row(
@@ -140,10 +161,12 @@ def replay_row(
     actor: str,
     dry_run: bool = False,
     allow_redacted: bool = False,
+    registered: Callable[[str], bool] = lambda _name: True,
 ) -> Outcome:
     """Replay row ``row_id`` (or, with ``dry_run``, say what would be sent); never refuses
     by raising: a refusal is an outcome. Failures of the broker or database are raised (the
-    row stays dead: its publish is inside its transaction)."""
+    row stays dead: its publish is inside its transaction). ``registered(task_name)``: whether
+    the app knows the task: a poison row of one it does not know would die as poison again."""
     row = store.get(row_id)
     if row is None:
         return Outcome(row_id, "missing")
@@ -151,6 +174,12 @@ def replay_row(
         return Outcome(row_id, "already_resolved")
     try:
         check_replayable(row, allow_redacted=allow_redacted)
+        if row["reason"] == "poison" and not registered(row["task_name"]):
+            raise ReplayRefused(
+                f"dead letter {row['id']}'s task {row['task_name']!r} is not registered in "
+                "this app: no worker would run it (it would die as a poison message again); "
+                "replay from the -A app that declares it"
+            )
     except ReplayRefused as exc:
         return Outcome(row_id, "refused", why=str(exc))
     if dry_run:
@@ -193,6 +222,7 @@ def replay_rows(
                 actor=actor,
                 dry_run=dry_run,
                 allow_redacted=allow_redacted,
+                registered=registered_in(app),
             )
         except Exception as exc:
             # The next rows would fail alike.
@@ -218,7 +248,13 @@ def replay(
     Raises :class:`ReplayRefused` if the row does not exist or cannot be replayed as stored.
     """
     outcome = replay_row(
-        store, row_id, publisher(app), reason=reason, actor=actor, allow_redacted=allow_redacted
+        store,
+        row_id,
+        publisher(app),
+        reason=reason,
+        actor=actor,
+        allow_redacted=allow_redacted,
+        registered=registered_in(app),
     )
     if outcome.outcome == "missing":
         raise ReplayRefused(f"no dead letter {row_id}")

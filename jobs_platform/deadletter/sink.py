@@ -91,6 +91,15 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, _TRANSIENT_TYPES)
 
 
+def rejected_why(letter: DeadLetter, exc: BaseException) -> str:
+    """One short line naming the dead letter the database refused and its error (the
+    driver's own message, first line: SQLAlchemy's adds the statement and every value)."""
+    cause = getattr(exc, "orig", None) or exc
+    lines = str(cause).strip().splitlines() or [""]
+    error = lines[0].strip()[:200] or type(cause).__name__
+    return f"{letter.task_name}[{letter.task_id}]: {type(exc).__name__}: {error}"
+
+
 class _Breaker:
     """Per-process circuit breaker for the database writes of the failure path.
 
@@ -230,7 +239,7 @@ class DeadLetterSink:
         """Move a spooled entry the database refuses for good to ``<spool>:rejected``."""
         self.report_rejected(letter, exc)
         try:
-            self.spool.reject(text)
+            self.spool.reject(text, rejected_why(letter, exc))
         except Exception as move_exc:  # still spooled: the next drain pass moves it
             logger.warning(
                 "jobs.dlq.reject_failed: could not move the entry aside: %s",

@@ -28,6 +28,21 @@ def dead_mark_key(task_id: str) -> str:
     return DEAD_MARK_PREFIX + task_id
 
 
+def unreadable_key(key: str) -> str:
+    """Entries of spool ``key`` that are not dead letters at all, set aside."""
+    return f"{key}:unreadable"
+
+
+def rejected_key(key: str) -> str:
+    """Entries of spool ``key`` the database refused for good, set aside."""
+    return f"{key}:rejected"
+
+
+def rejected_why_key(key: str) -> str:
+    """Why the database refused the entry set aside last (``health`` names it)."""
+    return f"{key}:rejected:why"
+
+
 class Spool:
     def __init__(self, url: str, key: str) -> None:
         self.url = url
@@ -60,22 +75,29 @@ class Spool:
 
     @property
     def unreadable_key(self) -> str:
-        return f"{self.key}:unreadable"
+        return unreadable_key(self.key)
 
     @property
     def rejected_key(self) -> str:
-        return f"{self.key}:rejected"
+        return rejected_key(self.key)
+
+    @property
+    def rejected_why_key(self) -> str:
+        return rejected_why_key(self.key)
 
     def quarantine(self, text: str) -> None:
         """Move an entry that cannot be parsed aside, so it neither blocks nor vanishes."""
         self._move_aside(self.unreadable_key, text)
 
-    def reject(self, text: str) -> None:
-        """Move an entry the database refuses for good (its data, not an outage) aside."""
-        self._move_aside(self.rejected_key, text)
+    def reject(self, text: str, why: str = "") -> None:
+        """Move an entry the database refuses for good (its data, not an outage) aside,
+        noting ``why`` (the letter and the database's error) for ``health``."""
+        self._move_aside(self.rejected_key, text, (self.rejected_why_key, why[:2000]))
 
-    def _move_aside(self, key: str, text: str) -> None:
+    def _move_aside(self, key: str, text: str, note: tuple[str, str] | None = None) -> None:
         pipe = self.client.pipeline()  # MULTI/EXEC: moved, never copied or dropped
         pipe.rpush(key, text)
         pipe.lrem(self.key, 1, text)
+        if note is not None and note[1]:
+            pipe.set(*note)
         pipe.execute()

@@ -20,6 +20,7 @@ import redis
 from jobs_platform import brokers, history
 from jobs_platform.brokers.interface import QueueState
 from jobs_platform.coordination import lease
+from jobs_platform.deadletter import spool as spool_keys
 from jobs_platform.deadletter.record import parse_time
 from jobs_platform.urls import masked
 
@@ -254,14 +255,22 @@ def spool_bound_s(drain_interval_s: float) -> float:
 
 
 def spool_verdict(
-    depth: int, oldest: str | None, now: dt.datetime, bound_s: float
+    depth: int,
+    oldest: str | None,
+    now: dt.datetime,
+    bound_s: float,
+    aside: SetAside | None = None,
 ) -> tuple[bool, str]:
-    """Draining if empty, or if its oldest dead letter has waited less than ``bound_s``.
+    """Draining if empty, or if its oldest dead letter has waited less than ``bound_s``; and
+    nothing set aside (``aside``: refused by the database for good, or unreadable).
 
     Every dead letter passes through the spool for a moment (spooled before the database
     write), so depth alone would fail on a healthy burst; one the drainers have left there
-    for longer than two drain passes means the database writes are failing.
+    for longer than two drain passes means the database writes are failing. A dead letter
+    set aside waits for a person: it fails the check until it is dealt with.
     """
+    if aside is not None and (aside.rejected or aside.unreadable):
+        return False, aside.describe()
     if depth == 0:
         return True, "empty"
     failed_at = None
@@ -285,6 +294,35 @@ def spool_verdict(
     return True, f"{depth} dead letter(s) in the spool, the oldest {_age(max(age, 0.0))}"
 
 
+@dataclasses.dataclass(frozen=True)
+class SetAside:
+    """The spool's side lists (:mod:`jobs_platform.deadletter.spool`)."""
+
+    key: str
+    rejected: int = 0
+    unreadable: int = 0
+    #: Why the database refused the latest one (the letter and its error).
+    why: str | None = None
+
+    def describe(self) -> str:
+        """Where they are, what to do (first: a long cause may be cut), then the cause."""
+        parts = []
+        if self.rejected:
+            parts.append(
+                f"{self.rejected} dead letter(s) the database refused for good, in "
+                f"{spool_keys.rejected_key(self.key)}"
+            )
+        if self.unreadable:
+            parts.append(
+                f"{self.unreadable} unreadable entr{'y' if self.unreadable == 1 else 'ies'} in "
+                f"{spool_keys.unreadable_key(self.key)}"
+            )
+        text = "; ".join(parts) + " (ops/runbooks/dead-letter-set-aside.md)"
+        if self.rejected and self.why:
+            text += f"; the latest: {self.why}"
+        return text
+
+
 def spool(
     client: redis.Redis, key: str, drain_interval_s: float, now: Callable[[], dt.datetime]
 ) -> Check:
@@ -292,9 +330,15 @@ def spool(
         pipe = client.pipeline(transaction=False)
         pipe.llen(key)
         pipe.lindex(key, 0)  # the spool is RPUSHed: the head is the oldest
-        depth, oldest = pipe.execute()
+        pipe.llen(spool_keys.rejected_key(key))
+        pipe.llen(spool_keys.unreadable_key(key))
+        pipe.get(spool_keys.rejected_why_key(key))
+        depth, oldest, rejected, unreadable, why = pipe.execute()
         head = None if oldest is None else lease.text(oldest)
-        return spool_verdict(int(depth), head, now(), spool_bound_s(drain_interval_s))
+        aside = SetAside(
+            key, int(rejected), int(unreadable), None if why is None else lease.text(why)
+        )
+        return spool_verdict(int(depth), head, now(), spool_bound_s(drain_interval_s), aside)
 
     return timed("spool", run)
 

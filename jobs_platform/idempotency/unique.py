@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from celery import signals
 
-from jobs_platform import coordination
+from jobs_platform import arguments, coordination
 from jobs_platform.coordination.lease import Leases, read_acquired
 from jobs_platform.errors import DispatchError
 from jobs_platform.idempotency import events
@@ -53,7 +52,7 @@ _FINAL_STATES = frozenset({"SUCCESS", "FAILURE"})
 def business_identity(task_name: str, values: Mapping[str, Any]) -> str:
     """``"<task>:<name>=<json>,..."``: the stable identity of one logical job."""
     parts = ",".join(
-        f"{name}={json.dumps(value, sort_keys=True, separators=(',', ':'))}"
+        f"{name}={arguments.dumps(value, sort_keys=True, separators=(',', ':'))}"
         for name, value in values.items()
     )
     identity = f"{task_name}:{parts}"

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 from alembic import context
 
-from jobs_platform.db import VERSION_TABLE, Base, engine_for
-
-# The models fill Base.metadata: autogenerate compares the database with all of them.
-from jobs_platform.deadletter import model as _dead_letters  # noqa: F401
-from jobs_platform.idempotency import model as _idempotency  # noqa: F401
+from jobs_platform.db import VERSION_TABLE, engine_for
+from jobs_platform.tables import metadata as platform_metadata
 
 config = context.config
-target_metadata = Base.metadata
+# Every table of the platform: autogenerate compares the database with all of them.
+target_metadata = platform_metadata
 
 
 def include_name(name: str | None, type_: str, _parents: object) -> bool:

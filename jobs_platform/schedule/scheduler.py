@@ -31,7 +31,7 @@ from typing import Any
 import redis
 from celery import beat
 
-from jobs_platform import coordination
+from jobs_platform import coordination, rules
 from jobs_platform.clock import utcnow
 from jobs_platform.errors import ConfigError
 from jobs_platform.metrics import counters
@@ -60,6 +60,18 @@ MIN_SLEEP_S = 0.01
 RETRY_SOON_S = 1.0
 #: ``options`` an entry may not set: every run gets its own task id.
 REFUSED_OPTIONS = ("task_id",)
+
+
+def _static_arguments(entry: Any) -> tuple[list[Any], dict[str, Any]]:
+    """An entry's arguments without the lazy ones (``BeatLazyFunc``: evaluated, and so
+    checked, when each run is sent)."""
+
+    def known(value: Any) -> Any:
+        return None if isinstance(value, beat.BeatLazyFunc) else value
+
+    return [known(a) for a in entry.args or ()], {
+        k: known(v) for k, v in (entry.kwargs or {}).items()
+    }
 
 
 def default_sender_id() -> str:
@@ -109,6 +121,7 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
                     "its own task id"
                 )
             interval_of(entry.schedule)  # a zero or negative interval is refused
+            rules.check_beat_entry_arguments(name, *_static_arguments(entry))
             self._policies[name], self._options[name] = policy, options
         return self._policies[name]
 

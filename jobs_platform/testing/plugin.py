@@ -3,7 +3,8 @@
 Fixtures (all prefixed ``jobs_``; nothing is autouse, so a suite that requests none of
 them is not touched)::
 
-    jobs_redis_url      session  a Redis database of the session's own (JOBS_TEST_REDIS)
+    jobs_redis_url      session  a Redis of the session's own: a private redis-server, or a
+                                 database claimed on the server JOBS_TEST_REDIS names
     jobs_database_url   session  the platform's tables, migrated (JOBS_TEST_DATABASE)
     jobs_env            session  JOBS_BROKER_URL/RESULT_BACKEND/DATABASE_URL set in this
                                  process for the session; the dict (plus PYTHONPATH) for workers
@@ -69,9 +70,9 @@ _STARTUP_SERVICES = pytest.StashKey[JobsServices]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(
         REDIS_OPTION[1],
-        "jobs-platform: Redis server for tests (redis://host:port, or 'private' for a "
-        "private redis-server); JOBS_TEST_REDIS wins. Default: 127.0.0.1:6379 if it "
-        "answers, else a private redis-server.",
+        "jobs-platform: Redis server for tests (redis://host:port: an empty database "
+        "there is claimed and flushed; or 'private'); JOBS_TEST_REDIS wins. Default: a "
+        "private redis-server, never a Redis that merely answers on 6379.",
         default="",
     )
     parser.addini(

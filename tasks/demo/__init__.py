@@ -8,7 +8,8 @@ charge in flight; and shows the queues live. Then it stops everything and prints
 happened, with the expectations that make it exit 1 when one does not hold, and writes a
 chart of the run. ``--short`` (or ``JOBS_DEMO_SHORT=1``) runs the same steps smaller.
 
-launch.py  options, the broker (a private redis-server if none answers), start/stop/report
+launch.py  options, the broker, start/stop/report
+broker.py  which Redis: a private redis-server, or an empty database claimed on the user's
 stack.py   the processes: workers, beats, Flower, exporter, gateway, partner stub
 flaky.py   the payment gateway, flaky and slow on purpose
 tour.py    the timeline: traffic, the kill, the delayed job, the beats; the facts

@@ -1,9 +1,9 @@
 """``python -m tasks.demo [--short] [--dir DIR] [--seed N]``: start, tour, stop, report.
 
-The broker is the Redis at ``JOBS_BROKER_URL`` (default ``redis://127.0.0.1:6379/0``) if
-one answers; otherwise a private ``redis-server`` on a free loopback port, and the tour
-runs again in a child process pointed at it (the ``tasks`` app reads its settings when it
-is imported, which ``python -m tasks.demo`` has already done).
+The broker (:mod:`.broker`): an empty database claimed on the Redis at ``JOBS_BROKER_URL``
+and flushed at the end, or a private ``redis-server`` stopped at the end. The tour runs in a
+child process pointed at it (the ``tasks`` app reads its settings when it is imported,
+which ``python -m tasks.demo`` has already done).
 
 The database is the platform's default SQLite file (``./jobs_platform.sqlite3``) unless
 ``JOBS_DATABASE_URL`` says otherwise; files (uploads, thumbnails, logs, Flower's state, the
@@ -20,26 +20,21 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.parse
 from pathlib import Path
 from types import FrameType
 
-import redis
 from rich.console import Console
 
 from jobs_platform import db
-from jobs_platform.testing import RedisServer, port_answers
+from jobs_platform.errors import ConfigError
 from jobs_platform.urls import masked
 from tasks import billing, shop
-from tasks.demo import chart, report, stack, tour
+from tasks.demo import broker, chart, report, stack, tour
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sampler
 from tasks.jobs import app
 from tasks.paths import absolute_database_url
 
-DEFAULT_BROKER = "redis://127.0.0.1:6379/0"
-#: Set in the child that runs the tour on a private redis-server (no second fallback).
-PRIVATE_FLAG = "JOBS_DEMO_PRIVATE_REDIS"
 STOCK_SYNC_EVERY_S = 1.0
 
 
@@ -72,55 +67,56 @@ def parse_args(argv: list[str] | None) -> Options:
     return Options(short=args.short, demo_dir=args.dir.resolve(), seed=args.seed)
 
 
-def redis_answers(url: str) -> bool:
-    parts = urllib.parse.urlparse(url)
-    if parts.scheme != "redis" or not port_answers(
-        parts.hostname or "127.0.0.1", parts.port or 6379
-    ):
-        return False
-    try:
-        return bool(redis.Redis.from_url(url, socket_timeout=1).ping())
-    except redis.RedisError:
-        return False
-
-
 def console_for_output() -> Console:
     # Wide enough for the report's tables even when output is piped (make, CI logs).
     return Console(highlight=False, width=max(Console().width, 140))
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = parse_args(sys.argv[1:] if argv is None else argv)
+    args = sys.argv[1:] if argv is None else argv
+    options = parse_args(args)
     console = console_for_output()
-    url = os.environ.get("JOBS_BROKER_URL", DEFAULT_BROKER)
-    if redis_answers(url):
-        console.print(f"broker: the Redis at [bold]{masked(url)}[/]")
-        return run_tour(options, url, console)
-    if os.environ.get(PRIVATE_FLAG):
-        console.print(f"[red]the private redis-server at {masked(url)} does not answer[/]")
+    chosen = broker.from_env(os.environ)
+    if chosen is not None:  # the child: the launching process chose its broker
+        return run_tour(options, chosen, console)
+    try:
+        with broker.choose(os.environ) as chosen:
+            console.print(f"broker: [bold]{chosen.describe()}[/]; {chosen.fate()}")
+            return run_child(args, chosen)
+    except ConfigError as exc:
+        console.print(f"[bold red]{exc}[/]")
         return 1
-    with RedisServer() as server:
-        console.print(
-            f"broker: nothing answers at {masked(url)}; started a private redis-server at "
-            f"[bold]{server.url}[/] (stopped at the end)"
-        )
-        env = {**os.environ, "JOBS_BROKER_URL": server.url, PRIVATE_FLAG: "1"}
-        args = [sys.executable, "-m", "tasks.demo", *(sys.argv[1:] if argv is None else argv)]
-        child = subprocess.Popen(args, env=env)
-        while True:
-            try:
-                return child.wait()
-            except KeyboardInterrupt:
-                continue  # the child got the same Ctrl-C and is stopping what it started
+
+
+def run_child(args: list[str], chosen: broker.Broker) -> int:
+    """The tour in a child process on ``chosen``; its exit status."""
+    env = {
+        **os.environ,
+        "JOBS_BROKER_URL": chosen.url,
+        # Everything in that one database: results and coordination too (their own
+        # settings from the shell would put the tour's keys elsewhere).
+        "JOBS_RESULT_BACKEND": "",
+        "JOBS_COORDINATION_URL": "",
+        **chosen.to_env(),
+    }
+    child = subprocess.Popen([sys.executable, "-m", "tasks.demo", *args], env=env)
+    # `kill` of this process stops the tour as Ctrl-C does; then the broker is put back.
+    signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signal.SIGTERM))
+    while True:
+        try:
+            return child.wait()
+        except KeyboardInterrupt:
+            continue  # the child got the same Ctrl-C and is stopping what it started
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def run_tour(options: Options, broker_url: str, console: Console) -> int:
+def run_tour(options: Options, chosen: broker.Broker, console: Console) -> int:
     """Start everything, run the tour, stop everything (even on Ctrl-C), report."""
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    broker_url = chosen.url
     workload = tour.SHORT if options.short else tour.FULL
     demo_dir = options.demo_dir
     demo_dir.mkdir(parents=True, exist_ok=True)
@@ -143,7 +139,9 @@ def run_tour(options: Options, broker_url: str, console: Console) -> int:
             ready = time.time()
             sampler = stack.enter_context(Sampler(services.metrics_url))
             events = stack.enter_context(EventLog(app))
-            facts = tour.Facts(workload, time.time(), broker_url, database_url, demo_dir, services)
+            facts = tour.Facts(
+                workload, time.time(), broker_url, database_url, demo_dir, services, broker=chosen
+            )
             stack.callback(tour.forget_delayed, facts)
             view = stack.enter_context(LiveView(console, sampler, events, facts.t0))
             console.print(

@@ -346,7 +346,10 @@ class Report:
         table = Table()
         for name in ("job", "task", "starts", "outcome", "what happened"):
             table.add_column(name)
-        for task_id, name in kill.held[:MAX_ROWS]:
+        # One row per job: a job retried or deferred just before the kill has two messages
+        # held, the attempt that was running and its next one, already fetched.
+        jobs = list(dict.fromkeys(kill.held))
+        for task_id, name in jobs[:MAX_ROWS]:
             track = facts.tracks.get(task_id, Track())
             before = any(t < kill.at for t in track.started)
             note = "fetched, not started: ran after the restart"
@@ -367,11 +370,12 @@ class Report:
                 note,
             )
         self.console.print(table)
-        unfinished = [t for t, _ in kill.held if facts.states.get(t) != "SUCCESS"]
+        unfinished = [t for t, _ in jobs if facts.states.get(t) != "SUCCESS"]
+        messages = f" ({len(kill.held)} messages)" if len(kill.held) != len(jobs) else ""
         self.expect(
             "the killed worker's jobs were redelivered and finished",
-            bool(kill.held) and not unfinished,
-            f"{len(kill.held)} held, {len(unfinished)} not finished",
+            bool(jobs) and not unfinished,
+            f"{len(jobs)} held{messages}, {len(unfinished)} not finished",
         )
 
     def charge_note(self, invoice: int, started_before_kill: bool) -> str:
@@ -596,36 +600,28 @@ class Report:
     def next_steps(self, chart: str) -> None:
         facts = self.facts
         stack = facts.stack
-        env = []
-        if facts.broker_url != "redis://127.0.0.1:6379/0":
-            env.append(f"JOBS_BROKER_URL={facts.broker_url}")
+        database = ""
         if facts.database_url != _default_database():
-            env.append(f"JOBS_DATABASE_URL={facts.database_url}")
-        prefix = (" ".join(env) + " ") if env else ""
+            database = f"JOBS_DATABASE_URL={facts.database_url} "
         user, password = stack.flower_auth
         section(self.console, "Where to look next")
         lines = [
             f"chart of the run: [bold]{chart}[/]",
             f"logs of every process: {stack.log_dir}",
-            f"dead letters: [bold]{prefix}celery -A tasks dlq list[/] (then dlq show ID)",
-            f"delayed jobs: [bold]{prefix}celery -A tasks delayed list[/]",
+            f"dead letters, kept in the database: [bold]{database}celery -A tasks dlq list[/] "
+            "(then dlq show ID)",
             f"Flower ran at {stack.flower_url} (user {user}, password {password}) and was "
             "stopped with the tour; its state is kept, so to look again run "
-            f"[bold]{prefix}JOBS_FLOWER_BASIC_AUTH={user}:{password} "
+            f"[bold]{database}JOBS_FLOWER_BASIC_AUTH={user}:{password} "
             f"JOBS_FLOWER_DB={facts.demo_dir / 'flower.db'} celery -A tasks flower "
             "--port=5555 --address=127.0.0.1[/] and open http://127.0.0.1:5555",
-            f"metrics ran at {stack.metrics_url} (stopped too): [bold]{prefix}celery -A tasks "
-            "metrics --port 9808[/], then http://127.0.0.1:9808/metrics; the counters live in "
-            "the broker's Redis",
+            f"metrics ran at {stack.metrics_url} (stopped too)",
         ]
-        if (
-            facts.broker_url != "redis://127.0.0.1:6379/0"
-            and "127.0.0.1:6379" not in facts.broker_url
-        ):
+        if facts.broker is not None:
             lines.append(
-                "[dim](the tour used a private redis-server, now stopped: queues, counters and "
-                "Flower's live view are gone with it; the database and Flower's saved state "
-                "remain)[/]"
+                f"the broker was {facts.broker.describe()}; {facts.broker.fate()}. Its queues, "
+                "delayed jobs, metric counters and Flower's live view went with it; the "
+                "database and Flower's saved state remain"
             )
         for line in lines:
             self.console.print(f"- {line}")

@@ -44,6 +44,7 @@ from jobs_platform.idempotency import unique
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
 from tasks import billing, email, media, reminders, shop
+from tasks.demo.broker import Broker
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sample, Sampler, Track
 from tasks.demo.stack import Stack, celery, http_status
@@ -182,6 +183,8 @@ class Facts:
     receipt_locks: dict[int, tuple[str | None, int, bool]] = dataclasses.field(default_factory=dict)
     #: Jobs that had not ended by the deadline -> where their message was then.
     missing: dict[str, str] = dataclasses.field(default_factory=dict)
+    #: Which Redis the tour ran on, and what became of it (for the report's words).
+    broker: Broker | None = None
 
     def mark(self, label: str) -> None:
         self.marks.append((time.time(), label))

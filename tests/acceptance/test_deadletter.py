@@ -361,6 +361,13 @@ def test_replay_of_a_poison_row_sends_a_new_message_not_the_old_one(
     [row] = rows_for(store, old_id)
     assert row["reason"] == "poison" and row["headers"]["retries"] == 3  # shown as it came
 
+    # Deployed where the replay runs but not yet to this worker: the replay is accepted.
+    if "dlq.deployed_later" not in app_module.app.tasks:
+
+        def deployed_later(*args: Any) -> None:
+            return None
+
+        app_module.app.task(name="dlq.deployed_later", shared=False)(deployed_later)
     out = cli(app_module.app, module_pg_url, "replay", str(row["id"]), "--reason", "x", "--json")
     assert out.exit_code == 0, out.output
     new_id = json.loads(out.stdout)["task_id"]
@@ -375,6 +382,84 @@ def test_replay_of_a_poison_row_sends_a_new_message_not_the_old_one(
     assert again["replay_of"] == row["id"]
     [parent] = store.by_task_id(old_id)  # the old id was not reused
     assert parent["status"] == "replayed" and parent["replayed_task_id"] == new_id
+
+
+def test_a_permanent_error_is_logged_as_expected_without_a_traceback(
+    app_module: Any, worker: WorkerProcess, store: DeadLetterStore
+) -> None:
+    """It was logged at ERROR as "raised unexpected", with the whole traceback."""
+    result = app_module.permanent.delay(uuid.uuid4().hex)
+    [row] = rows_for(store, result.id)
+    assert row["reason"] == "permanent" and "Traceback" in (row["traceback"] or "")
+    lines = [line for line in worker.log().splitlines() if f"[{result.id}]" in line]
+    assert any("raised expected: PermanentError" in line for line in lines), lines
+    assert not any("raised unexpected" in line for line in lines), lines
+    assert not any(line.startswith("ERROR") or " ERROR/" in line for line in lines), lines
+
+
+def test_replay_of_a_task_the_app_does_not_declare_is_refused(
+    app_module: Any,
+    worker: WorkerProcess,
+    store: DeadLetterStore,
+    module_pg_url: str,
+    private_redis: RedisServer,
+) -> None:
+    """It used to be accepted, and the worker made another poison row of it."""
+    raw = redis.Redis.from_url(private_redis.url)
+    task_id = str(uuid.uuid4())
+    headers = {"lang": "py", "task": "dlq.never_declared", "id": task_id, "root_id": task_id}
+    push_raw(raw, "fast", json.dumps([["x"], {}, {}]).encode(), "application/json", headers)
+    raw.close()
+    [row] = rows_for(store, task_id)
+    before = store.count()
+
+    out = cli(app_module.app, module_pg_url, "replay", str(row["id"]), "--reason", "x", "--json")
+    assert out.exit_code == 1, out.output
+    refused = json.loads(out.stdout)
+    assert refused["outcome"] == "refused"
+    assert "'dlq.never_declared' is not registered in this app" in refused["why"]
+    assert store.get(row["id"])["status"] == "dead"  # type: ignore[index]
+    assert store.count() == before  # nothing was sent, so nothing died again
+
+
+def test_typed_arguments_survive_a_failure_and_a_replay(
+    app_module: Any,
+    worker: WorkerProcess,
+    store: DeadLetterStore,
+    module_pg_url: str,
+    broker: redis.Redis,
+) -> None:
+    """datetime, Decimal and UUID arrive as themselves on every attempt, are stored in the
+    dead letter as sent (not a repr: the replay used to send a str), and arrive as
+    themselves again from the replay. Nothing is set aside on the way."""
+    from decimal import Decimal
+
+    key = uuid.uuid4().hex
+    when = dt.datetime(2026, 3, 1, 12, 30, 15, tzinfo=dt.UTC)
+    amount, ref = Decimal("19.90"), uuid.UUID(int=42)
+    first = app_module.typed.delay(key, when, amount=amount, ref=ref)
+    [row] = rows_for(store, first.id)
+    assert (row["reason"], row["attempts"]) == ("exhausted", 2)
+    assert row["args"] == [key, {"__type__": "datetime", "__value__": when.isoformat()}]
+    assert row["kwargs"] == {
+        "amount": {"__type__": "decimal", "__value__": "19.90"},
+        "ref": {"__type__": "uuid", "__value__": {"hex": ref.hex}},
+    }
+    expected = [["datetime", str(when)], ["Decimal", "19.90"], ["UUID", str(ref)]]
+    seen = [json.loads(item) for item in broker.lrange(f"jptest:typed:{key}", 0, -1)]
+    assert seen == [expected, expected]  # the first attempt and its retry
+    assert broker.llen("jobs:dlq:spool:rejected") == 0
+
+    broker.set(f"jptest:fixed:{key}", 1)
+    out = cli(app_module.app, module_pg_url, "replay", str(row["id"]), "--reason", "x", "--json")
+    assert out.exit_code == 0, out.output
+    wait_for(
+        lambda: broker.llen(f"jptest:typed:{key}") == 3,
+        timeout_s=30,
+        message="the replayed job to run",
+    )
+    assert json.loads(broker.lrange(f"jptest:typed:{key}", -1, -1)[0]) == expected
+    assert store.by_task_id(json.loads(out.stdout)["task_id"]) == []  # it succeeded
 
 
 def test_celery_cli_lists_dead_letters_as_json(

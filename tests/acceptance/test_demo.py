@@ -1,21 +1,26 @@
 """``make demo``'s short form, end to end: ``python -m tasks.demo --short`` as a subprocess.
 
 It runs in a directory of its own (the default SQLite file and the demo's files land there)
-on the session's own Redis database, and must exit 0 with the report's sections, no
-duplicate charge, a valid PNG chart, and no process of its own left running.
+with the session's Redis as the user's (``JOBS_BROKER_URL``), and must exit 0 with the
+report's sections, no duplicate charge, a valid PNG chart, no process of its own left
+running, and nothing left in that Redis: it says which database it claimed there, and
+flushes it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import redis
 
 from jobs_platform.testing import wait_for
+from jobs_platform.testing.redis_db import server_url
 from tests.acceptance.conftest import ROOT
 
 pytestmark = pytest.mark.acceptance
@@ -71,6 +76,8 @@ def test_the_short_tour_runs_reports_and_stops_everything(redis_url: str, tmp_pa
         "COLUMNS": "200",  # the report's tables unwrapped
     }
     env.pop("JOBS_DATABASE_URL", None)  # the embedded default: a SQLite file in the cwd
+    given = redis.Redis.from_url(redis_url)
+    keys_before = set(given.keys("*"))
     run = subprocess.run(
         [sys.executable, "-m", "tasks.demo", "--short"],
         cwd=tmp_path,
@@ -83,6 +90,21 @@ def test_the_short_tour_runs_reports_and_stops_everything(redis_url: str, tmp_pa
     output = run.stdout + run.stderr
     failures = [line for line in output.splitlines() if "✗" in line or "did not end" in line]
     assert run.returncode == 0, "\n".join(failures) + "\n...\n" + output[-6000:]
+
+    # It says which Redis it used and whose: an empty database it claimed on the server it
+    # was given (not the one given, which holds this session's keys), flushed at the end.
+    said = " ".join(output.split())
+    found = re.search(
+        r"broker: database (\d+) of the Redis at (\S+) \(from JOBS_BROKER_URL\), empty when "
+        r"the tour began and claimed for it; flushed at the end",
+        said,
+    )
+    assert found, said[:1500]
+    assert found[2] == server_url(redis_url) and "private" not in said.split("database:")[0]
+    used = redis.Redis.from_url(f"{server_url(redis_url)}/{found[1]}")
+    assert used.dbsize() == 0, f"the demo left {used.dbsize()} keys in database {found[1]}"
+    assert set(given.keys("*")) == keys_before, "the demo wrote into the database it was given"
+    assert "the broker was database " in said and "flushed at the end" in said
 
     for heading in SECTIONS:
         assert heading in output, f"no section {heading!r} in the report"

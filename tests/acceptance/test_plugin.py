@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 import urllib.parse
 
@@ -15,6 +16,8 @@ import pytest
 import redis
 
 from jobs_platform.testing import free_port, port_answers
+from tests.acceptance.conftest import ROOT
+from tests.conftest import SHARED_REDIS
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.acceptance
@@ -103,8 +106,10 @@ def project(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> pytes
 
 
 def test_a_teams_suite_starts_a_worker_and_asserts_the_dead_letter(
-    project: pytest.Pytester,
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A shared server named by JOBS_TEST_REDIS: the session claims a database there.
+    monkeypatch.setenv("JOBS_TEST_REDIS", SHARED_REDIS)
     project.makeini("[pytest]\npythonpath = .\n")
     project.makepyfile(test_orders=LAZY_TESTS)
     result = project.runpytest_subprocess("-v", timeout=170)
@@ -181,10 +186,16 @@ def test_session_redis(jobs_redis_url):
 """
 
 
-def test_private_redis_server_when_asked_and_stopped_after(
-    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("configured", [None, "private"])
+def test_a_private_redis_server_by_default_or_when_asked_and_stopped_after(
+    project: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, configured: str | None
 ) -> None:
-    monkeypatch.setenv("JOBS_TEST_REDIS", "private")
+    # Without JOBS_TEST_REDIS the session never writes into the Redis on 6379 (it answers
+    # here, and may be the one the team's app uses for real): a private redis-server.
+    if configured is None:
+        monkeypatch.delenv("JOBS_TEST_REDIS", raising=False)
+    else:
+        monkeypatch.setenv("JOBS_TEST_REDIS", configured)
     project.makepyfile(test_redis=REDIS_URL_TESTS)
     project.runpytest_subprocess(timeout=170).assert_outcomes(passed=1)
     url = urllib.parse.urlsplit((project.path / "redis_url.txt").read_text())
@@ -202,3 +213,38 @@ def test_a_configured_redis_that_does_not_answer_fails_the_fixture_by_name(
     result.assert_outcomes(errors=1)
     result.stdout.fnmatch_lines([f"*the test Redis at redis://:***@127.0.0.1:{nobody} does not*"])
     assert "s3cret" not in result.stdout.str()
+
+
+PYTHON_BLOCK = re.compile(r"^```python\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def python_blocks(path: str, after: str, until: str) -> list[str]:
+    """The ```python blocks of ``path`` between the lines starting ``after`` and ``until``."""
+    text = (ROOT / path).read_text(encoding="utf-8")
+    start = text.index(after)
+    return PYTHON_BLOCK.findall(text, start, text.index(until, start))
+
+
+def test_the_documented_first_tests_run_as_written(project: pytest.Pytester) -> None:
+    # docs/testing.md's app module and test, and the README's test, copied as they are
+    # printed into a team's project and run by pytest there: with no fixture but the plugin's.
+    files = {}
+    for block in python_blocks("docs/testing.md", "## A first test", "\n## "):
+        path, _, code = block.partition("\n")
+        assert path.startswith("# "), f"a block of 'A first test' names its file: {path!r}"
+        files[path[2:]] = code
+    assert set(files) == {"myproj/jobs.py", "tests/test_orders.py"}
+    [readme_test] = python_blocks("README.md", "**Testing your tasks**", "\n## ")
+    files["tests/test_readme.py"] = readme_test
+    for name, code in files.items():
+        (project.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (project.path / name).write_text(code)
+    project.makeini("[pytest]\npythonpath = .\n")
+    result = project.runpytest_subprocess("-v", timeout=170)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*tests/test_orders.py::test_a_malformed_order_is_dead_lettered PASSED*",
+            "*tests/test_readme.py::test_a_malformed_order_is_dead_lettered PASSED*",
+        ]
+    )

@@ -7,9 +7,11 @@ test's own Redis DB and database). ``dlq.fixable`` fails until the Redis key
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
+from typing import Any
 
 import redis
 from celery.exceptions import Reject, SoftTimeLimitExceeded
@@ -61,3 +63,13 @@ def fixable(key: str, amount: int = 0) -> str:
 @app.task(base=ReliableTask, name="dlq.ok", queue="fast")
 def ok(key: str) -> str:
     return key
+
+
+@app.task(base=ReliableTask, name="dlq.typed", queue="fast", max_retries=1)
+def typed(key: str, when: Any, amount: Any = None, ref: Any = None) -> str:
+    """Records the type and value of what arrived; retried, then dead, until fixed."""
+    seen = [[type(v).__name__, str(v)] for v in (when, amount, ref)]
+    _redis.rpush(f"jptest:typed:{key}", json.dumps(seen))
+    if not _redis.exists(f"jptest:fixed:{key}"):
+        raise ConnectionError(f"partner down for {key}")
+    return "ok"

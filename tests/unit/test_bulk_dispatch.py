@@ -58,7 +58,7 @@ def queued(app: Any, queue: str = "fast") -> int:
         ([(1, 2), "ab"], 1, "got str"),
         ([(1,), (1, 2, 3)], 1, "takes"),  # the task's signature (Celery's typing check)
         ([(1,), {"x": 1, "z": 2}], 1, "unexpected keyword"),
-        ([(1,), (object(),)], 1, "JSON-serialisable"),
+        ([(1,), (object(),)], 1, "argument args[0] is an object, which a job's JSON cannot"),
         ([(1,), ("x" * 5000,)], 1, "JOBS_MAX_PAYLOAD_BYTES"),
     ],
 )

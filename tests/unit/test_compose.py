@@ -460,6 +460,10 @@ def test_redis_keeps_an_append_only_file_on_a_volume(services: dict[str, dict[st
     argv = service_argv(services["redis"])
     assert argv[0] == "redis-server"
     assert argv[argv.index("--appendonly") + 1] == "yes"
+    # What docs/operations.md promises ("nothing the broker acknowledged is lost"); it was
+    # everysec, which loses the last second of writes.
+    assert argv[argv.index("--appendfsync") + 1] == "always"
+    assert "appendfsync always" in (ROOT / "docs" / "operations.md").read_text()
     assert "redis-data:/data" in services["redis"]["volumes"]
 
 

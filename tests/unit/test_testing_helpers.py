@@ -17,7 +17,14 @@ from jobs_platform.clock import utcnow
 from jobs_platform.deadletter import alerts
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.errors import ConfigError
-from jobs_platform.testing import FakeClock, assert_dead_lettered, dead_letter, free_port, wait_for
+from jobs_platform.testing import (
+    FakeClock,
+    assert_dead_lettered,
+    dead_letter,
+    free_port,
+    redis_db,
+    wait_for,
+)
 from jobs_platform.testing.plugin import check_services, import_path
 from jobs_platform.testing.redis_db import server_url
 
@@ -279,6 +286,21 @@ def test_server_url_drops_the_database_number_and_refuses_other_schemes() -> Non
     assert server_url("rediss://cache.internal:6380") == "rediss://cache.internal:6380"
     with pytest.raises(ConfigError, match=r"redis:// or rediss://.*'amqp://u:\*\*\*@h'"):
         server_url("amqp://u:secret@h")
+
+
+def test_without_jobs_test_redis_and_redis_server_the_session_is_refused_not_sent_to_6379(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A Redis that answers on 127.0.0.1:6379 may be the one the app uses for real: the
+    # tests take it only when JOBS_TEST_REDIS names it (the unit guard would also fail
+    # this test at any connection to 6379).
+    monkeypatch.setattr(redis_db.shutil, "which", lambda name: None)
+    for configured in (None, "private"):
+        with pytest.raises(ConfigError) as refused, redis_db.session_redis(configured):
+            pass
+        message = str(refused.value)
+        assert "redis-server is not installed" in message
+        assert "JOBS_TEST_REDIS=redis://host:port" in message
 
 
 def test_an_app_created_before_the_test_environment_is_refused_by_name() -> None:

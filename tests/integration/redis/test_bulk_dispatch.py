@@ -26,6 +26,7 @@ from jobs_platform.brokers.redis.publish import PipelinedSession
 from jobs_platform.bulk import BulkDispatchError
 from jobs_platform.bulk import messages as bulk_messages
 from jobs_platform.bulk import publish as bulk_publish
+from jobs_platform.errors import DispatchError
 from jobs_platform.history import ENQUEUED_HEADER
 from jobs_platform.testing import RedisServer, WorkerProcess, wait_for
 from tests.support.bulk_app import declare, make_app
@@ -253,19 +254,52 @@ def test_bulk_jobs_run_on_a_worker_like_delay_jobs(
     assert all(r["root_id"] == r["id"] for r in runs)
 
 
-def test_broker_down_at_the_start_sends_nothing(app: Any, server: RedisServer) -> None:
+def waited_off_cpu() -> float:
+    """Seconds this thread has spent neither on a CPU nor waiting for one (Linux
+    /proc/self/schedstat: time on CPU, time runnable; elsewhere, wall time): sleeping and
+    blocked in the network, which is what a dispatch timeout bounds."""
+    try:
+        with open("/proc/self/schedstat") as stat:
+            on_cpu, runnable = (int(field) / 1e9 for field in stat.read().split()[:2])
+    except OSError:
+        on_cpu = runnable = 0.0
+    return time.monotonic() - on_cpu - runnable
+
+
+def test_broker_down_at_the_start_sends_nothing_within_the_dispatch_timeout(
+    app: Any, server: RedisServer
+) -> None:
+    task = app.t.record
+    timeout = app.jobs_settings.dispatch_timeout
     server.stop()
     try:
-        started = time.monotonic()
-        with pytest.raises(BulkDispatchError) as failed:
-            app.t.record.delay_many([("k", n) for n in range(10)])
-        print(f"refused after {time.monotonic() - started:.2f} s")
+        with pytest.raises(DispatchError) as single:
+            task.delay("k", 0)
+        failures: list[BulkDispatchError] = []
+        for dispatch_many in (
+            lambda: task.delay_many([("k", n) for n in range(10)]),
+            lambda: task.apply_async_many([(("k", n), {}) for n in range(10)], priority=3),
+        ):
+            started = waited_off_cpu()
+            with pytest.raises(BulkDispatchError) as failed:
+                dispatch_many()
+            waited = waited_off_cpu() - started
+            print(f"refused after {waited:.2f} s waiting (JOBS_DISPATCH_TIMEOUT {timeout:g} s)")
+            # The bound is the setting, on the time the dispatch spent waiting (sleeping or
+            # blocked on the socket): the time this process ran, or waited for one of the 2
+            # shared cores, is the machine's load, not the broker's silence.
+            assert waited < timeout, waited
+            failures.append(failed.value)
     finally:
         server.start()
-    error = failed.value
-    assert error.enqueued == [] and error.uncertain == []
-    assert error.unsent == list(range(10))
-    assert "after 0 were enqueued" in str(error) and "the broker at" in str(error)
+    for error in failures:
+        assert error.enqueued == [] and error.uncertain == []
+        assert error.unsent == list(range(10)) and error.results == [None] * 10
+        # The words .delay() uses: which broker, the setting, nothing enqueued, the cause.
+        assert str(error) == str(single.value), (str(error), str(single.value))
+    assert "did not answer within" in str(single.value)
+    assert "JOBS_DISPATCH_TIMEOUT" in str(single.value)
+    assert "Connection refused" in str(single.value)
 
 
 def test_broker_dying_mid_bulk_leaves_an_exact_account(

@@ -209,6 +209,33 @@ def test_a_spool_that_does_not_drain_fails_with_its_depth(
     )
 
 
+def test_a_dead_letter_the_database_refused_fails_the_spool_check_naming_the_cause(
+    broker: str, client: redis.Redis, sqlite_file: str
+) -> None:
+    """The spool's rejected list used to leave ``health --check spool`` ok."""
+    from jobs_platform import db
+    from jobs_platform.deadletter.sink import DeadLetterSink
+
+    key = f"jptest:sp:{uuid.uuid4().hex[:8]}"
+    db.upgrade(sqlite_file)
+    app = create_app("refused", broker_url=broker, database_url=sqlite_file, dlq_spool_key=key)
+    sink = DeadLetterSink(app.jobs_settings)
+    refused = dead_letter(task_name="billing.charge", reason="no-such-reason")  # CHECK fails
+    assert sink.capture(refused) is None
+    assert client.llen(f"{key}:rejected") == 1 and client.llen(key) == 0  # set aside, kept
+    db.engine_for(sqlite_file).dispose()
+
+    done, _ = health(broker, sqlite_file, "--check", "spool", env={"JOBS_DLQ_SPOOL_KEY": key})
+    assert done.returncode == 1, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first == (
+        f"FAIL spool: 1 dead letter(s) the database refused for good, in {key}:rejected "
+        f"(ops/runbooks/dead-letter-set-aside.md); the latest: "
+        f"billing.charge[{refused.task_id}]: IntegrityError: CHECK constraint failed: "
+        "ck_dead_letter_jobs_ck_dead_letter_jobs_reason"
+    ), first
+
+
 # -- beat --------------------------------------------------------------------------------------
 
 

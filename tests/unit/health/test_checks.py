@@ -140,6 +140,22 @@ def test_an_unreadable_spool_head_fails() -> None:
     assert not ok and "1 entry in the spool" in detail
 
 
+def test_dead_letters_set_aside_fail_the_spool_check_naming_the_cause() -> None:
+    """A dead letter the database refused for good used to leave the check ok."""
+    why = "billing.charge[abc]: StatementError: Object of type datetime is not JSON serializable"
+    aside = checks.SetAside("jobs:dlq:spool", rejected=2, why=why)
+    ok, detail = checks.spool_verdict(0, None, NOW, 40.0, aside)
+    assert not ok
+    assert detail.startswith(
+        "2 dead letter(s) the database refused for good, in jobs:dlq:spool:rejected "
+        "(ops/runbooks/dead-letter-set-aside.md); the latest: billing.charge"
+    )
+    assert detail.endswith(why)
+    ok, detail = checks.spool_verdict(0, None, NOW, 40.0, checks.SetAside("s", unreadable=1))
+    assert not ok and "1 unreadable entry in s:unreadable" in detail
+    assert checks.spool_verdict(0, None, NOW, 40.0, checks.SetAside("s")) == (True, "empty")
+
+
 # -- backlog -----------------------------------------------------------------------------------
 
 
