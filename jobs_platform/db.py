@@ -156,7 +156,12 @@ def upgrade(url: str, revision: str = "head") -> LegacyMove | None:
 
 
 #: The tables each of the platform's revisions creates (a revision not listed creates none).
-CREATES: dict[str, tuple[str, ...]] = {"0001": ("dead_letter_jobs",), "0002": ("idempotency_keys",)}
+#: The tables each revision creates (a test checks every revision is listed).
+CREATES: dict[str, tuple[str, ...]] = {
+    "0001": ("dead_letter_jobs",),
+    "0002": ("idempotency_keys",),
+    "0003": ("dead_letter_counts",),
+}
 
 
 def check_not_half_migrated(url: str, revision: str = "head") -> None:

@@ -16,7 +16,8 @@ import alembic as alembic_package
 import pytest
 import sqlalchemy as sa
 
-from tests.integration.sql.test_migrations import OURS, platform, rows, tables, url
+from jobs_platform import db
+from tests.integration.sql.test_migrations import HEAD, OURS, platform, rows, tables, url
 
 __all__ = ["url"]  # the fixture: a new, empty database per test, SQLite and PostgreSQL
 
@@ -135,7 +136,7 @@ def test_the_apps_autogenerate_proposes_nothing_for_the_platforms_tables(
     check = alembic(ini, "check")
     assert check.returncode == 0, check.stdout + check.stderr
     assert "No new upgrade operations detected" in check.stdout + check.stderr
-    assert tables(url) == before and rows(url, OURS) == {"0002"}
+    assert tables(url) == before and rows(url, OURS) == {HEAD}
 
 
 def test_without_the_recipe_autogenerate_would_drop_the_dead_letter_table(
@@ -165,16 +166,29 @@ def test_a_half_migrated_database_is_refused_in_one_paragraph_with_the_stamp_to_
     assert "Traceback" not in out and "DuplicateTable" not in out
     [paragraph] = [line for line in refused.stderr.splitlines() if line.strip()]
     assert paragraph.startswith("Error: the platform's database at ")
-    assert f"is half-migrated: {OURS} records 0001, but idempotency_keys" in paragraph
-    assert "`celery -A APP db stamp 0002`" in paragraph
+    later = ", ".join(
+        sorted(t for rev, names in db.CREATES.items() if rev != "0001" for t in names)
+    )
+    assert f"is half-migrated: {OURS} records 0001, but {later}" in paragraph
+    assert f"`celery -A APP db stamp {HEAD}`" in paragraph
     assert rows(url, OURS) == {"0001"}  # nothing was changed
 
-    platform(url, "stamp", "0002")
-    assert "is at revision 0002" in platform(url, "upgrade").stdout
+    platform(url, "stamp", HEAD)
+    assert f"is at revision {HEAD}" in platform(url, "upgrade").stdout
 
     with sa.create_engine(url, poolclass=sa.pool.NullPool).begin() as conn:  # no row at all
         conn.execute(sa.text(f"DELETE FROM {OURS}"))
     refused = platform(url, "upgrade", ok=False)
     assert refused.returncode == 1 and "Traceback" not in refused.stderr
-    assert f"{OURS} records no revision, but dead_letter_jobs, idempotency_keys" in refused.stderr
-    assert "db stamp 0002" in refused.stderr
+    created = ", ".join(sorted(t for names in db.CREATES.values() for t in names))
+    assert f"{OURS} records no revision, but {created}" in refused.stderr
+    assert f"db stamp {HEAD}" in refused.stderr
+
+
+def test_every_revision_names_the_tables_it_creates() -> None:
+    """The half-migrated check reads db.CREATES: a revision missing there would be stamped
+    past tables it never made."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory.from_config(db.alembic_config("sqlite://"))
+    assert set(db.CREATES) == {s.revision for s in script.walk_revisions()}
