@@ -8,6 +8,8 @@ the coordination Redis::
     jobs:flow:conc:<key>:waiting    sorted set                      task id -> when it queued
     jobs:flow:conc:<key>:wait       hash                            task id -> how to publish it
     jobs:flow:conc:gen:<task id>    string                          its current wait generation
+    jobs:flow:conc:keys             sorted set                      key -> when a job last asked
+    jobs:flow:conc:limits           hash                            key -> its limit, as last asked
 
 - A job takes a free slot (or its own, after a lost attempt) when it starts; a pool thread
   (:class:`Keeper`) extends the slots its process holds every third of the lease, so a
@@ -43,20 +45,28 @@ from jobs_platform.process_local import per_process, redis_client
 logger = logging.getLogger("jobs_platform.flow")
 
 KEY_PREFIX = "jobs:flow:conc:"
+#: Every key a job asked for lately (``flow list``), with its limit.
+KEYS_KEY = KEY_PREFIX + "keys"
+LIMITS_KEY = KEY_PREFIX + "limits"
 GEN_HEADER = history.CONCURRENCY_GEN_HEADER
 #: How long a wait's records outlive their last write: longer than any copy can wait.
 KEEP_S = 24 * 3600.0
 #: Added to the fallback countdown, so the soonest slot's lease has run out when it fires.
 FALLBACK_SLACK_S = 0.25
 
-# KEYS: the job's generation, the key's waiting set, the key's wait records.
+# KEYS: the job's generation, the key's waiting set, the key's wait records, the registry
+# of keys, their limits.
 # ARGV: 1 owner (task id), 2 generation this copy carries ('' for a first delivery),
 # 3 limit, 4 slot TTL ms, 5 slot key prefix, 6 the next generation, 7 the wait record,
-# 8 how long wait records are kept (ms).
+# 8 how long wait records are kept (ms), 9 the key (for the registry of keys and limits).
 # Returns {1, slot} run holding slot; {0, ms} wait (ms until the soonest slot runs out);
 # {-1, 0} a copy of a wait another copy already claimed.
 _TAKE = """
 if ARGV[2] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[2] then return {-1, 0} end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZADD', KEYS[4], now, ARGV[9])
+redis.call('HSET', KEYS[5], ARGV[9], ARGV[3])
 local free, soonest = nil, -1
 for i = 1, tonumber(ARGV[3]) do
   local slot = ARGV[5] .. i
@@ -79,8 +89,6 @@ if free then
   redis.call('HDEL', KEYS[3], ARGV[1])
   return {1, free}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('SET', KEYS[1], ARGV[6], 'PX', ARGV[8])
 redis.call('ZADD', KEYS[2], 'NX', now, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[7])
@@ -151,7 +159,7 @@ class Slots:
         """Take a slot of ``key`` for ``owner``, or join its wait list with ``record`` (the
         job as published again, carrying generation ``generation + 1``)."""
         status, value = self._take(
-            keys=[gen_key(owner), waiting_key(key), records_key(key)],
+            keys=[gen_key(owner), waiting_key(key), records_key(key), KEYS_KEY, LIMITS_KEY],
             args=[
                 owner,
                 "" if generation is None else generation,
@@ -161,6 +169,7 @@ class Slots:
                 next_generation(generation),
                 record,
                 ttl_ms(KEEP_S),
+                key,
             ],
         )
         if int(status) == 1:

@@ -6,6 +6,7 @@ On the coordination Redis, per task and key::
 
     jobs:flow:debounce:<task>:<key>          hash    id, first, due (ms, Redis time), args
     jobs:flow:debounce:released:<task id>    string  the arguments of a run being published
+    jobs:flow:debounce:windows               zset    [task, key] JSON -> when it opened
 
 - The first dispatch of a quiet key makes the window (its id is the run's id) and
   publishes a *trigger*: a message of the task with that id, :data:`TRIGGER_HEADER` and a
@@ -22,6 +23,7 @@ On the coordination Redis, per task and key::
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from jobs_platform import history
@@ -29,12 +31,15 @@ from jobs_platform.coordination.lease import text, ttl_ms
 from jobs_platform.process_local import per_process, redis_client
 
 KEY_PREFIX = "jobs:flow:debounce:"
+#: The windows opened lately (``flow list``); a closed one is pruned when it is read.
+WINDOWS_KEY = KEY_PREFIX + "windows"
 TRIGGER_HEADER = history.DEBOUNCE_HEADER
 #: How long a window's record may outlive its ``debounce_max`` (a trigger held by a worker
 #: that died comes back within the worker lease; this is far beyond it).
 KEEP_S = 3600.0
 
-# KEYS: the window. ARGV: a new id, window ms, max ms, arguments JSON, keep ms.
+# KEYS: the window, the registry of windows. ARGV: a new id, window ms, max ms, arguments
+# JSON, keep ms, the window's registry entry.
 # Returns {id, 1 when this dispatch opened the window, ms until it is due}.
 _DISPATCH = """
 local t = redis.call('TIME')
@@ -50,6 +55,7 @@ end
 redis.call('HSET', KEYS[1], 'id', ARGV[1], 'first', now, 'due', now + tonumber(ARGV[2]),
            'args', ARGV[4], 'count', 1)
 redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[3]) + tonumber(ARGV[5]))
+redis.call('ZADD', KEYS[2], now, ARGV[6])
 return {ARGV[1], 1, tonumber(ARGV[2])}
 """
 
@@ -119,8 +125,15 @@ class Windows:
         self, task: str, key: str, *, new_id: str, arguments: str, window_s: float, max_s: float
     ) -> Dispatched:
         run_id, opened, due_ms = self._dispatch(
-            keys=[window_key(task, key)],
-            args=[new_id, ttl_ms(window_s), ttl_ms(max_s), arguments, ttl_ms(KEEP_S)],
+            keys=[window_key(task, key), WINDOWS_KEY],
+            args=[
+                new_id,
+                ttl_ms(window_s),
+                ttl_ms(max_s),
+                arguments,
+                ttl_ms(KEEP_S),
+                json.dumps([task, key]),
+            ],
         )
         return Dispatched(text(run_id), bool(int(opened)), int(due_ms) / 1000.0)
 

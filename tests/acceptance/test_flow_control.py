@@ -77,6 +77,54 @@ def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
     return a[0] < b[1] and b[0] < a[1]
 
 
+def test_a_killed_holders_slot_frees_within_the_worker_lease(
+    flow_app: Any, worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    # First in the module: the module's two workers are not started yet, so these two are
+    # the only consumers.
+    tag = uuid.uuid4().hex[:8]
+    # The holder's worker only consumes thirdparty; the waiter goes to fast, which only the
+    # survivor consumes, so every copy of the waiter is the survivor's.
+    with worker(worker_env, tmp_path, "doomed", ["thirdparty"], concurrency=2) as doomed:
+        flow_app.per_account.apply_async((tag, "A", 0, 300.0), queue="thirdparty")
+        [held] = wait_for(lambda: flow_app.events(tag), timeout_s=30, message="the holder")
+        assert held["host"] == doomed.hostname
+        with worker(
+            worker_env, tmp_path, "survivor", ["fast", "thirdparty"], concurrency=2
+        ) as survivor:
+            flow_app.per_account.apply_async((tag, "A", 1, 0.5), queue="fast")
+            # The waiter is waiting (it asked and was deferred), not running.
+            wait_for(
+                lambda: redis_client.zcard(f"jobs:flow:conc:{tag}:A:waiting") == 1,
+                timeout_s=30,
+                message="the waiter on the wait list",
+            )
+            killed_at = flow_app.redis_now()
+            doomed.kill()
+            started = wait_for(
+                lambda: [e for e in flow_app.events(tag) if e["kind"] == "start" and e["n"] == 1],
+                timeout_s=60,
+                message="the waiter to start",
+            )[0]
+            after = started["t"] - killed_at
+            print(
+                f"\nholder SIGKILLed: the waiter started {after:.1f} s later (lease {LEASE_S:g} s)"
+            )
+            assert started["host"] == survivor.hostname
+            assert started["retries"] == 0
+            # The lease, plus the slack a loaded 2-core machine needs to start a run.
+            assert after <= LEASE_S + 5.0
+            # The holder never ended, so no release woke the waiter: its slot ran out.
+            assert not [e for e in flow_app.events(tag) if e["kind"] == "end" and e["n"] == 0]
+            # The killed job itself comes back (a lost attempt) and now ends at once.
+            redis_client.set(f"jptest:flow:release:{tag}", "1")
+            wait_for(
+                lambda: [e for e in flow_app.events(tag) if e["kind"] == "end" and e["n"] == 0],
+                timeout_s=90,
+                message="the killed job to run again and end",
+            )
+
+
 def test_one_job_per_account_at_a_time_across_workers_and_queues(
     flow_app: Any, two_workers: list[WorkerProcess]
 ) -> None:
@@ -113,51 +161,6 @@ def test_one_job_per_account_at_a_time_across_workers_and_queues(
     assert len({e["host"] for e in starts}) == 2  # both workers took part
     for result in results:
         assert result.get(timeout=30) is None
-
-
-def test_a_killed_holders_slot_frees_within_the_worker_lease(
-    flow_app: Any, worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
-) -> None:
-    tag = uuid.uuid4().hex[:8]
-    # The holder's worker only consumes thirdparty; the waiter goes to fast, which only the
-    # survivor consumes, so every copy of the waiter is the survivor's.
-    with worker(worker_env, tmp_path, "doomed", ["thirdparty"], concurrency=2) as doomed:
-        flow_app.per_account.apply_async((tag, "A", 0, 300.0), queue="thirdparty")
-        wait_for(lambda: flow_app.events(tag), timeout_s=30, message="the holder's start")
-        with worker(
-            worker_env, tmp_path, "survivor", ["fast", "thirdparty"], concurrency=2
-        ) as survivor:
-            flow_app.per_account.apply_async((tag, "A", 1, 0.5), queue="fast")
-            # The waiter is waiting (it asked and was deferred), not running.
-            wait_for(
-                lambda: redis_client.zcard(f"jobs:flow:conc:{tag}:A:waiting") == 1,
-                timeout_s=30,
-                message="the waiter on the wait list",
-            )
-            killed_at = flow_app.redis_now()
-            doomed.kill()
-            started = wait_for(
-                lambda: [e for e in flow_app.events(tag) if e["kind"] == "start" and e["n"] == 1],
-                timeout_s=60,
-                message="the waiter to start",
-            )[0]
-            after = started["t"] - killed_at
-            print(
-                f"\nholder SIGKILLed: the waiter started {after:.1f} s later (lease {LEASE_S:g} s)"
-            )
-            assert started["host"] == survivor.hostname
-            assert started["retries"] == 0
-            # The lease, plus the slack a loaded 2-core machine needs to start a run.
-            assert after <= LEASE_S + 5.0
-            # The holder never ended, so no release woke the waiter: its slot ran out.
-            assert not [e for e in flow_app.events(tag) if e["kind"] == "end" and e["n"] == 0]
-            # The killed job itself comes back (a lost attempt) and now ends at once.
-            redis_client.set(f"jptest:flow:release:{tag}", "1")
-            wait_for(
-                lambda: [e for e in flow_app.events(tag) if e["kind"] == "end" and e["n"] == 0],
-                timeout_s=90,
-                message="the killed job to run again and end",
-            )
 
 
 def test_a_storm_of_dispatches_is_one_run_with_the_last_arguments(

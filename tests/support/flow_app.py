@@ -62,3 +62,15 @@ def reindex(self: Any, tag: str, document: int, version: int) -> None:
 
 def events(tag: str) -> list[dict[str, Any]]:
     return [json.loads(item) for item in client().lrange(f"jptest:flow:{tag}", 0, -1)]
+
+
+@app.task(
+    base=ReliableTask,
+    bind=True,
+    name="flow.partner",
+    queue="fast",
+    rate_limit="5/s",
+    rate_key="partner-x",
+)
+def partner(self: Any, tag: str) -> None:
+    _event(tag, kind="run", task_id=self.request.id)
