@@ -24,10 +24,12 @@ the coordination Redis::
   the oldest waiter: it re-publishes that waiter at once. So a waiter starts right after a
   slot frees, not after a back-off.
 
-Each wait has a generation (:data:`GEN_HEADER` on its copies, the current one under
-``gen:<task id>``): the woken copy and the fallback copy carry the same generation, the
-first to arrive claims it and the other finds it gone and is dropped. A job therefore
-runs once, however it was woken.
+Each wait has a generation, a random token (:data:`GEN_HEADER` on its copies, the current
+one under ``gen:<task id>``): the woken copy and the fallback copy carry the same one, the
+first to arrive claims it and the other finds it gone and is dropped. A delivery without
+the header (the first, or one retried after a lost attempt, whose retry drops it) makes a
+new token, so every older copy is dropped too. A job therefore runs once, however it was
+woken.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import uuid
 from typing import Any
 
 from jobs_platform import history
@@ -151,13 +154,15 @@ class Slots:
         limit: int,
         *,
         owner: str,
-        generation: int | None,
+        generation: str | None,
+        new_generation: str,
         record: str,
         ttl_s: float,
         fallback_max_s: float,
     ) -> Taken:
         """Take a slot of ``key`` for ``owner``, or join its wait list with ``record`` (the
-        job as published again, carrying generation ``generation + 1``)."""
+        job as published again, carrying ``new_generation``). ``generation``: the one this
+        copy carries (None: a delivery without one)."""
         status, value = self._take(
             keys=[gen_key(owner), waiting_key(key), records_key(key), KEYS_KEY, LIMITS_KEY],
             args=[
@@ -166,7 +171,7 @@ class Slots:
                 limit,
                 ttl_ms(ttl_s),
                 slot_prefix(key),
-                next_generation(generation),
+                new_generation,
                 record,
                 ttl_ms(KEEP_S),
                 key,
@@ -188,8 +193,8 @@ class Slots:
         return int(self.client.zcard(waiting_key(key)))
 
 
-def next_generation(generation: int | None) -> int:
-    return 1 if generation is None else generation + 1
+def new_generation() -> str:
+    return uuid.uuid4().hex
 
 
 class Keeper:

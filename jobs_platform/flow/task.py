@@ -52,8 +52,8 @@ def take_slot(task: Any, args: Any, kwargs: Any) -> Slot:
     key = key_of(spec.key, args, kwargs, task=task.name, option="concurrency_key")
     headers = dict(request.headers or {})
     carried = headers.get(concurrency.GEN_HEADER)
-    generation = carried if isinstance(carried, int) and not isinstance(carried, bool) else None
-    headers[concurrency.GEN_HEADER] = concurrency.next_generation(generation)
+    generation = carried if isinstance(carried, str) else None
+    headers[concurrency.GEN_HEADER] = new_generation = concurrency.new_generation()
     signature = task.signature_from_request(request, queue=task._queue_of(request), headers=headers)
     lease_s = float(task.app.jobs_settings.worker_lease)
     url = _url(task)
@@ -62,6 +62,7 @@ def take_slot(task: Any, args: Any, kwargs: Any) -> Slot:
         spec.limit,
         owner=request.id,
         generation=generation,
+        new_generation=new_generation,
         record=dumps({"task": task.name, "signature": dict(signature)}),
         ttl_s=lease_s,
         fallback_max_s=lease_s,

@@ -41,7 +41,14 @@ def seeded(server: RedisServer) -> dict[str, str]:
     slots = Slots(client)
     for job in ("job-1", "job-2", "job-3"):
         slots.take(
-            "acct-A", 2, owner=job, generation=None, record="{}", ttl_s=15, fallback_max_s=15
+            "acct-A",
+            2,
+            owner=job,
+            generation=None,
+            new_generation=job,
+            record="{}",
+            ttl_s=15,
+            fallback_max_s=15,
         )
     RateLimiter(client).pause("partner-x", 60)
     windows = Windows(client)

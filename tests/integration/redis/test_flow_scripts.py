@@ -10,19 +10,22 @@ import pytest
 import redis
 
 from jobs_platform.coordination.lease import Leases
-from jobs_platform.flow.concurrency import Keeper, Slots, gen_key, slot_prefix
+from jobs_platform.flow.concurrency import Keeper, Slots, Taken, gen_key, slot_prefix
 from jobs_platform.flow.debounce import Windows, released_key, window_key
 from jobs_platform.testing import wait_for
 
 pytestmark = pytest.mark.integration
 
 
-def take(slots: Slots, key: str, owner: str, gen: int | None = None, limit: int = 1) -> object:
+def take(
+    slots: Slots, key: str, owner: str, gen: str | None = None, limit: int = 1, new: str = "g"
+) -> Taken:
     return slots.take(
         key,
         limit,
         owner=owner,
         generation=gen,
+        new_generation=new,
         record=f"record-of-{owner}",
         ttl_s=15.0,
         fallback_max_s=15.0,
@@ -48,15 +51,19 @@ def test_the_first_copy_of_a_wait_claims_it_and_the_other_is_dropped(redis_url: 
     client = redis.Redis.from_url(redis_url)
     slots, key = Slots(client), f"acct-{uuid.uuid4().hex[:6]}"
     holder = take(slots, key, "holder")
-    assert take(slots, key, "waiter").slot is None  # waits: generation 1 is current
-    assert client.get(gen_key("waiter")) == b"1"
-    # Still full: the woken copy (generation 1) waits again, as generation 2.
-    assert take(slots, key, "waiter", gen=1).slot is None
-    assert take(slots, key, "waiter", gen=1).stale  # the fallback copy of generation 1
+    assert take(slots, key, "waiter", new="g1").slot is None  # waits: g1 is current
+    assert client.get(gen_key("waiter")) == b"g1"
+    # Still full: the woken copy (g1) waits again, as g2.
+    assert take(slots, key, "waiter", gen="g1", new="g2").slot is None
+    assert take(slots, key, "waiter", gen="g1", new="g3").stale  # the fallback copy of g1
+    # A delivery without a generation (a retry after a lost attempt) starts a new one...
+    assert take(slots, key, "waiter", new="g4").slot is None
+    assert take(slots, key, "waiter", gen="g2", new="g5").stale  # ...and g2's copies go
+    assert holder.slot is not None
     slots.release(key, holder.slot, "holder")
-    won = take(slots, key, "waiter", gen=2)
+    won = take(slots, key, "waiter", gen="g4", new="g6")
     assert won.slot is not None and client.get(gen_key("waiter")) is None
-    assert take(slots, key, "waiter", gen=2).stale  # the other copy of generation 2
+    assert take(slots, key, "waiter", gen="g4", new="g7").stale  # the other copy of g4
     assert slots.waiting(key) == 0
 
 
@@ -72,7 +79,14 @@ def test_the_keeper_extends_held_slots_and_stops_when_dropped(redis_url: str) ->
     client = redis.Redis.from_url(redis_url)
     slots, key = Slots(client), f"acct-{uuid.uuid4().hex[:6]}"
     taken = slots.take(
-        key, 1, owner="job-1", generation=None, record="r", ttl_s=0.6, fallback_max_s=1.0
+        key,
+        1,
+        owner="job-1",
+        generation=None,
+        new_generation="g",
+        record="r",
+        ttl_s=0.6,
+        fallback_max_s=1.0,
     )
     assert taken.slot is not None
     keeper = Keeper(Leases(client), 0.6)
