@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from jobs_platform.errors import ConfigError
+from jobs_platform.errors import ConfigError, JobsPlatformError
 
 #: ``debounce_max`` when a task declares none: this many ``debounce`` windows after the
 #: first collapsed dispatch, a steady stream still runs.
@@ -83,15 +83,23 @@ def debounce(window: Any, key: Any, maximum: Any, *, task: str) -> Debounce | No
     return Debounce(float(window), float(maximum), key)
 
 
-def key_of(function: KeyFunction, args: Any, kwargs: Any, *, task: str, option: str) -> str:
-    """The key ``function`` gives the task's own arguments; ConfigError naming the task when
-    it raises or returns anything but a non-empty string (checked at dispatch, too)."""
+def key_of(
+    function: KeyFunction,
+    args: Any,
+    kwargs: Any,
+    *,
+    task: str,
+    option: str,
+    error: type[JobsPlatformError] = ConfigError,
+) -> str:
+    """The key ``function`` gives the task's own arguments; ``error`` naming the task when
+    it raises or returns anything but a non-empty string (a DispatchError at dispatch)."""
     try:
         key = function(*(args or ()), **(kwargs or {}))
     except Exception as exc:
-        raise ConfigError(
+        raise error(
             f"task {task!r}: {option} failed on the task's arguments: {type(exc).__name__}: {exc}"
         ) from exc
     if not isinstance(key, str) or not key:
-        raise ConfigError(f"task {task!r}: {option} must return a non-empty str, got {key!r}")
+        raise error(f"task {task!r}: {option} must return a non-empty str, got {key!r}")
     return key

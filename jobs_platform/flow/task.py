@@ -19,6 +19,7 @@ from celery.exceptions import Ignore
 from kombu.utils.json import dumps, loads
 
 from jobs_platform import coordination, dispatch
+from jobs_platform.errors import DispatchError
 from jobs_platform.flow import concurrency, debounce
 from jobs_platform.flow.options import key_of
 from jobs_platform.metrics import names
@@ -41,7 +42,14 @@ def _url(task: Any) -> str:
 
 def check_concurrency_key(task: Any, args: Any, kwargs: Any) -> None:
     """At dispatch: the key function accepts these arguments and gives a string."""
-    key_of(task.spec.concurrency.key, args, kwargs, task=task.name, option="concurrency_key")
+    key_of(
+        task.spec.concurrency.key,
+        args,
+        kwargs,
+        task=task.name,
+        option="concurrency_key",
+        error=DispatchError,
+    )
 
 
 def take_slot(task: Any, args: Any, kwargs: Any) -> Slot:
@@ -122,7 +130,9 @@ def _debounce_key(task: Any, args: Any, kwargs: Any) -> str:
     function = task.spec.debounce.key
     if function is None:
         return str(task.name)
-    return key_of(function, args, kwargs, task=task.name, option="debounce_key")
+    return key_of(
+        function, args, kwargs, task=task.name, option="debounce_key", error=DispatchError
+    )
 
 
 def dispatch_debounced(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> Any:

@@ -78,12 +78,17 @@ def test_a_class_declares_key_functions_as_plain_or_static_methods(app: Any) -> 
 
 
 def test_a_key_function_that_fails_on_the_arguments_is_refused_at_dispatch(app: Any) -> None:
+    from jobs_platform import DispatchError
+
     task = declare(app, "u.keyed", concurrency_key=lambda account, n=0: account["id"])
-    with pytest.raises(ConfigError, match=r"concurrency_key failed .* TypeError"):
+    with pytest.raises(DispatchError, match=r"concurrency_key failed .* TypeError"):
         task.delay("acct-1")
     non_str = declare(app, "u.nonstr", concurrency_key=lambda account, n=0: n)
-    with pytest.raises(ConfigError, match="must return a non-empty str, got 3"):
+    with pytest.raises(DispatchError, match="must return a non-empty str, got 3"):
         non_str.delay("acct-1", 3)
+    debounced = declare(app, "u.debkey", debounce=1, debounce_key=lambda account, n=0: None)
+    with pytest.raises(DispatchError, match="debounce_key must return a non-empty str"):
+        debounced.delay("acct-1")
 
 
 def test_a_debounced_task_refuses_bulk_dispatch_before_sending_anything(app: Any) -> None:
