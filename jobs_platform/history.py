@@ -24,8 +24,15 @@ LOST_WORKER_HEADER = "jobs_lost_worker"
 #: A job deferred by a rate limit reserved this start (ms, the limiter's clock): it runs then
 #: without asking again (jobs_platform.ratelimit). One delivery's too.
 RATE_SLOT_HEADER = "jobs_rate_slot"
+#: A job waiting for a slot of its concurrency key: the wait generation this copy belongs to
+#: (jobs_platform.flow.concurrency). One delivery's too.
+CONCURRENCY_GEN_HEADER = "jobs_conc_gen"
+#: A debounced dispatch's trigger (jobs_platform.flow.debounce): the value is its key; the
+#: trigger publishes the run, it never runs the task itself. Not one delivery's: a trigger
+#: retried after a lost attempt must stay a trigger.
+DEBOUNCE_HEADER = "jobs_debounce"
 #: Headers that describe one delivery of a job, not the job: an attempt's retry drops them.
-PER_DELIVERY_HEADERS = (LOST_WORKER_HEADER, RATE_SLOT_HEADER)
+PER_DELIVERY_HEADERS = (LOST_WORKER_HEADER, RATE_SLOT_HEADER, CONCURRENCY_GEN_HEADER)
 #: Request attribute where ReliableTask hands the failure it gave up on (a
 #: :class:`FinalFailure`) to the dead-letter receiver, as the task raised it: Celery swaps
 #: an exception it cannot pickle (urllib's HTTPError, httpx's HTTPStatusError) for a

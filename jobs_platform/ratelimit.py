@@ -116,7 +116,7 @@ class RateLimiter:
         the slot this job reserved when it was deferred. With no rate only a pause applies."""
         interval = 0.0 if rate is None else rate.interval_ms
         wait_ms, slot = self._gcra(
-            keys=[_tat_key(key), _pause_key(key)],
+            keys=[tat_key(key), pause_key(key)],
             args=[interval, "" if slot_ms is None else slot_ms, LATE_SLOTS * interval],
         )
         return Grant(float(wait_ms) / 1000.0, int(slot) or None)
@@ -125,16 +125,16 @@ class RateLimiter:
         """Stop every start under ``key`` for ``seconds`` (a partner's ``Retry-After``);
         a longer pause already in force is kept."""
         ms = max(1, int(seconds * 1000))
-        pause_key = _pause_key(key)
-        if (self.client.pttl(pause_key) or 0) < ms:
-            self.client.set(pause_key, "1", px=ms)
+        paused = pause_key(key)
+        if (self.client.pttl(paused) or 0) < ms:
+            self.client.set(paused, "1", px=ms)
 
 
-def _tat_key(key: str) -> str:
+def tat_key(key: str) -> str:
     return f"{KEY_PREFIX}{key}:tat"
 
 
-def _pause_key(key: str) -> str:
+def pause_key(key: str) -> str:
     return f"{KEY_PREFIX}{key}:paused"
 
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from jobs_platform import brokers, rules
 from jobs_platform.errors import ConfigError
+from jobs_platform.flow import options as flow
 from jobs_platform.profiles import PROFILES
 from jobs_platform.ratelimit import Rate, parse_rate
 from jobs_platform.retry import classify
@@ -45,6 +46,11 @@ OPTIONS = frozenset(
         "soft_time_limit",
         "rate_limit",
         "rate_key",
+        "concurrency_key",
+        "concurrency_limit",
+        "debounce",
+        "debounce_key",
+        "debounce_max",
     }
 )
 
@@ -92,6 +98,10 @@ class TaskSpec:
     rate: Rate | None = None
     #: The downstream the limit protects (default: the task's name); a 429 pauses it.
     rate_key: str | None = None
+    #: At most ``limit`` jobs of one ``key(*args, **kwargs)`` run at once (jobs_platform.flow).
+    concurrency: flow.Concurrency | None = None
+    #: Dispatches of one key collapse into one run with the last arguments.
+    debounce: flow.Debounce | None = None
 
     @property
     def rate_limited(self) -> bool:
@@ -199,7 +209,26 @@ def resolve(
         rng=option("rng"),
         rate=parse_rate(option("rate_limit"), task=name),
         rate_key=_rate_key(name, option("rate_limit"), option("rate_key")),
+        concurrency=flow.concurrency(
+            option("concurrency_key"), option("concurrency_limit"), task=name
+        ),
+        debounce=_debounce(name, declared),
     )
+
+
+def _debounce(name: str, declared: Mapping[str, Any]) -> flow.Debounce | None:
+    value = flow.debounce(
+        declared.get("debounce"),
+        declared.get("debounce_key"),
+        declared.get("debounce_max"),
+        task=name,
+    )
+    if value is not None and declared.get("unique_for") is not None:
+        raise ConfigError(
+            f"task {name!r}: debounce and unique_for both decide what a second dispatch "
+            "does; declare one of them"
+        )
+    return value
 
 
 def _rate_key(name: str, rate_limit: Any, rate_key: Any) -> str | None:

@@ -26,7 +26,8 @@ from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError
 
 from jobs_platform import brokers, bulk, cheap_retry, coordination, dispatch, history, rules
-from jobs_platform.errors import ConfigError, PermanentError
+from jobs_platform.errors import ConfigError, DispatchError, PermanentError
+from jobs_platform.flow import task as flow_task
 from jobs_platform.idempotency import unique
 from jobs_platform.profiles import PROFILES
 from jobs_platform.ratelimit import DEFERRED, limiter_for
@@ -138,8 +139,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                     declared[name] = own[name]
         if getattr(cls, "_declared_queue", None) is not None:
             declared.setdefault("queue", cls._declared_queue)
-        if isinstance(declared.get("classifier"), staticmethod):
-            declared["classifier"] = declared["classifier"].__func__
+        for name in ("classifier", "concurrency_key", "debounce_key"):
+            if isinstance(declared.get(name), staticmethod):
+                declared[name] = declared[name].__func__
         return declared
 
     @classmethod
@@ -198,7 +200,11 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         dispatch.check_options(self, options)
         dispatch.check_size(self, args, kwargs)
         options = dispatch.stamped(options)
+        if self.spec.concurrency is not None:
+            flow_task.check_concurrency_key(self, args, kwargs)
         try:
+            if self.spec.debounce is not None:
+                return flow_task.dispatch_debounced(self, args, kwargs, options)
             if self.spec.unique_for_s is not None:
                 return unique.dispatch_once(self, args, kwargs, options, super().apply_async)
             return super().apply_async(args, kwargs, **options)
@@ -224,26 +230,46 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         :class:`~jobs_platform.bulk.BulkDispatchError` with its index. Returns the
         AsyncResults in order (a ``unique_for`` duplicate gets the queued job's).
         """
+        self._check_bulk()
         return bulk.delay_many(self, calls)
 
     def apply_async_many(self, calls: Iterable[Any], **options: Any) -> list[Any]:
         """``[self.apply_async(args, kwargs, **options) for args, kwargs in calls]``, like
         :meth:`delay_many`. A call may also be a signature of this task (``self.s(...)``,
         ``.set(countdown=...)``): its own options win over ``options``."""
+        self._check_bulk()
         return bulk.apply_async_many(self, calls, options)
+
+    def _check_bulk(self) -> None:
+        if self.spec.debounce is not None:
+            raise DispatchError(
+                f"{self.name}: a debounced task is dispatched one call at a time (.delay()): "
+                "each dispatch joins its key's window; nothing was enqueued"
+            )
 
     # -- execution: decide (spec), then record a give-up or publish a retry ---------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self.spec.rate_limited and not self.request.called_directly:
+        if self.request.called_directly:
+            return super().__call__(*args, **kwargs)
+        if self.spec.debounce is not None:
+            flow_task.end_debounce_trigger(self)  # a trigger publishes the run, then Ignore
+        if self.spec.concurrency is None:
+            return self._attempt(*args, **kwargs)
+        slot = flow_task.take_slot(self, args, kwargs)  # raises Ignore after deferring
+        try:
+            return self._attempt(*args, **kwargs)
+        finally:
+            flow_task.release_slot(self, slot)
+
+    def _attempt(self, *args: Any, **kwargs: Any) -> Any:
+        if self.spec.rate_limited:
             self._take_rate_slot()  # raises Ignore after deferring the job
         try:
             return super().__call__(*args, **kwargs)
         except (CeleryRetry, Ignore, Reject):
             raise
         except Exception as exc:
-            if self.request.called_directly:
-                raise
             attempt = self.request.retries + 1
             step = self.spec.decide(exc, attempt)
             if isinstance(step, RetryIn):

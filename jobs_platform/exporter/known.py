@@ -72,6 +72,15 @@ def label_values(app: Any) -> dict[str, list[tuple[str, ...]]]:
     known[names.DEAD_LETTER_WEBHOOK_REQUESTS.name] = [(o,) for o in WEBHOOK_OUTCOMES]
     known[names.DUPLICATES_SKIPPED.name] = list(itertools.product([t for t, _ in per_task], GUARDS))
     known[names.RATE_DEFERRED.name] = [(key,) for key in rate_keys]
+    for metric, option in (
+        (names.CONCURRENCY_WAITED, "concurrency"),
+        (names.DEBOUNCE_COLLAPSED, "debounce"),
+    ):
+        known[metric.name] = [
+            (t.name,)
+            for t in sorted(app.tasks.values(), key=lambda t: str(t.name))
+            if getattr(getattr(t, "spec", None), option, None) is not None
+        ]
     known[names.INTERNALS_UNAVAILABLE.name] = [(cheap_retry.PATCHED,)]
     known[names.BEAT_SENT.name] = [(entry,) for entry in entries]
     return {name: list(values) for name, values in known.items()}

@@ -166,6 +166,18 @@ RATE_DEFERRED = _recorded(
     "Jobs re-published to wait for their turn under a shared rate limit (or a pause).",
     "key",
 )
+CONCURRENCY_WAITED = _recorded(
+    "jobs_concurrency_waited_total",
+    "counter",
+    "Deliveries re-published to wait for a slot of their concurrency key (no attempt spent).",
+    "task",
+)
+DEBOUNCE_COLLAPSED = _recorded(
+    "jobs_debounce_collapsed_total",
+    "counter",
+    "Dispatches of a debounced task folded into a run already waiting for its key.",
+    "task",
+)
 INTERNALS_UNAVAILABLE = _recorded(
     "jobs_internals_unavailable_total",
     "counter",
@@ -271,6 +283,8 @@ ALL: tuple[Metric, ...] = (
     DEAD_LETTER_WEBHOOK_REQUESTS,
     DUPLICATES_SKIPPED,
     RATE_DEFERRED,
+    CONCURRENCY_WAITED,
+    DEBOUNCE_COLLAPSED,
     INTERNALS_UNAVAILABLE,
     BEAT_SENT,
     QUEUE_LENGTH,

@@ -1,0 +1,123 @@
+"""The real ``celery -A APP flow list|show`` command, as a subprocess, on a Redis of its own:
+concurrency keys with their holders and waiters, a rate key's pause, an open debounce
+window; JSON Lines on stdout; exit 1 for a key nothing is known of."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from jobs_platform.flow.concurrency import Slots
+from jobs_platform.flow.debounce import Windows
+from jobs_platform.ratelimit import RateLimiter
+from jobs_platform.testing import RedisServer
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[3]
+APP = "tests.support.flow_app"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture()
+def seeded(server: RedisServer) -> dict[str, str]:
+    """Account A: limit 2, two running, one waiting; partner-x paused 60 s; one window of
+    document 42 with three dispatches."""
+    client = redis.Redis.from_url(server.url)
+    client.flushdb()
+    slots = Slots(client)
+    for job in ("job-1", "job-2", "job-3"):
+        slots.take(
+            "acct-A",
+            2,
+            owner=job,
+            generation=None,
+            new_generation=job,
+            record="{}",
+            ttl_s=15,
+            fallback_max_s=15,
+        )
+    RateLimiter(client).pause("partner-x", 60)
+    windows = Windows(client)
+    for n in range(3):
+        windows.dispatch(
+            "flow.reindex",
+            "doc-42",
+            new_id=f"run-{n}",
+            arguments="[[],{}]",
+            window_s=30,
+            max_s=300,
+        )
+    return {
+        **{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR")},
+        "JOBS_BROKER_URL": server.url,
+        "PYTHONPATH": str(ROOT),
+    }
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "celery", "-A", APP, "flow", *args],
+        env=env,
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def rows(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stdout.splitlines()]
+
+
+def test_list_shows_each_keys_limit_running_waiting_and_state(seeded: dict[str, str]) -> None:
+    done = cli(seeded, "list", "--json")
+    assert done.returncode == 0, done.stderr
+    by_kind = {(r["kind"], r["key"]): r for r in rows(done.stdout)}
+    conc = by_kind["concurrency", "acct-A"]
+    assert (conc["limit"], conc["running"], conc["waiting"]) == (2, 2, 1)
+    rate = by_kind["rate", "partner-x"]
+    assert rate["limit"] == "5/1s" and rate["tasks"] == ["flow.partner"]
+    assert 50 < rate["paused_for_s"] <= 60
+    window = by_kind["debounce", "doc-42"]
+    assert window["task"] == "flow.reindex" and window["run_id"] == "run-0"
+    assert window["dispatches"] == 3 and 25 < window["due_in_s"] <= 30
+
+    table = cli(seeded, "list")
+    assert table.returncode == 0, table.stderr
+    assert "acct-A" in table.stdout and "paused" in table.stdout and "run-0" in table.stdout
+
+
+def test_show_names_the_holders_and_the_waiters_oldest_first(seeded: dict[str, str]) -> None:
+    done = cli(seeded, "show", "acct-A", "--json")
+    assert done.returncode == 0, done.stderr
+    [shown] = rows(done.stdout)
+    running = {h["task_id"] for h in shown["concurrency"]["running"]}
+    assert running == {"job-1", "job-2"}
+    assert [w["task_id"] for w in shown["concurrency"]["waiting"]] == ["job-3"]
+    assert shown["rate"] is None and shown["debounce"] == []
+
+    text = cli(seeded, "show", "doc-42")
+    assert text.returncode == 0, text.stderr
+    assert "run run-0" in text.stdout and "3 dispatch(es)" in text.stdout
+
+
+def test_show_of_an_unknown_key_says_so_and_exits_1(seeded: dict[str, str]) -> None:
+    done = cli(seeded, "show", "no-such-key")
+    assert done.returncode == 1
+    assert "nothing is known of flow key 'no-such-key'" in done.stderr
+    assert done.stdout == ""
