@@ -17,7 +17,7 @@ from typing import Any
 from celery import Celery
 from kombu import Exchange, Queue
 
-from jobs_platform import brokers, events, flower, health, metrics, rules, schedule
+from jobs_platform import brokers, events, flower, health, metrics, outbox, rules, schedule
 from jobs_platform.deadletter import CONSUMER as DEAD_LETTER_CONSUMER
 from jobs_platform.deadletter import install as install_dead_letters
 from jobs_platform.history import qualified_name
@@ -156,6 +156,8 @@ def create_app(main: str = "jobs_platform", **overrides: Any) -> JobsCelery:
     install_dead_letters(app)
     # The broker's worker plug-ins (on Redis: every worker releases due delayed jobs).
     brokers.for_url(settings.broker_url).install(app)
+    # Every worker relays the committed delay_on_commit jobs.
+    outbox.install(app)
     # Beat's overlap markers and the platform's maintenance tasks.
     schedule.install(app)
     # Counters from Celery signals (not task events), summed in Redis for `metrics`.

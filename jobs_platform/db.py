@@ -161,6 +161,7 @@ CREATES: dict[str, tuple[str, ...]] = {
     "0001": ("dead_letter_jobs",),
     "0002": ("idempotency_keys",),
     "0003": ("dead_letter_counts",),
+    "0005": ("job_outbox",),
 }
 
 

@@ -119,8 +119,11 @@ def check_settings(values: Mapping[str, Any]) -> None:
         "beat_loop_interval",
         "beat_queue_wait",
         "metrics_flush_interval",
+        "outbox_relay_interval",
+        "outbox_retention",
     ):
         check_positive(values[name], what=name)
+    check_positive_int(values["outbox_relay_batch"], what="outbox_relay_batch", unit="jobs")
     if values["dlq_write_attempts"] < 1:
         raise ConfigError("dlq_write_attempts must be >= 1")
     check_positive_int(values["max_payload_bytes"], what="max_payload_bytes", unit="bytes")

@@ -183,6 +183,22 @@ class Settings:
         "How often each worker's releaser moves due delayed jobs onto their queues "
         "(bounds lateness).",
     )
+    outbox_relay_interval: float = _knob(
+        0.2,
+        "s",
+        "How often each worker's relay looks for committed `delay_on_commit` jobs to "
+        "publish (bounds the delay after a commit; full batches go out back to back).",
+    )
+    outbox_relay_batch: int = _knob(
+        500,
+        "jobs",
+        "Outbox rows one relay pass claims and publishes in one database transaction.",
+    )
+    outbox_retention: float = _knob(
+        86400.0,
+        "s",
+        "How long a published outbox row is kept before the maintenance schedule prunes it.",
+    )
     beat_lock_timeout: float = _knob(
         5.0,
         "s",

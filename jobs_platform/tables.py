@@ -3,8 +3,9 @@
 The platform migrates its tables itself (``celery -A APP db upgrade``, its revisions in
 ``jobs_platform_alembic_version``). An application's autogenerate compares *its* metadata
 with every table in the database, so without help it proposes to drop the platform's
-(``dead_letter_jobs``, ``idempotency_keys``, the platform's version table). Its ``env.py``
-passes one of these to ``context.configure`` (docs/deploy.md has the whole recipe)::
+(``dead_letter_jobs``, ``idempotency_keys``, ``job_outbox``, the platform's version
+table). Its ``env.py`` passes one of these to ``context.configure`` (docs/deploy.md has
+the whole recipe)::
 
     from jobs_platform.tables import include_name
 
@@ -26,6 +27,7 @@ from jobs_platform.db import VERSION_TABLE, Base
 # The models fill Base.metadata: importing them is what makes it complete.
 from jobs_platform.deadletter import model as _dead_letters  # noqa: F401
 from jobs_platform.idempotency import model as _idempotency  # noqa: F401
+from jobs_platform.outbox import model as _outbox  # noqa: F401
 
 #: Every table of the platform's models.
 metadata: sa.MetaData = Base.metadata

@@ -240,6 +240,26 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         self._check_bulk()
         return bulk.apply_async_many(self, calls, options)
 
+    def delay_on_commit(self, session: Any, *args: Any, **kwargs: Any) -> Any:
+        """``self.delay(*args, **kwargs)`` once ``session``'s transaction commits, and never
+        if it rolls back (jobs_platform.outbox).
+
+        Checked at the call as ``.delay()`` is; the job is a row written in the session's
+        transaction (a rolled-back savepoint drops it), published by a worker's relay with
+        the id of the AsyncResult returned now. ``session`` is a SQLAlchemy Session on the
+        platform's database (``JOBS_DATABASE_URL``).
+        """
+        return self.apply_async_on_commit(session, args, kwargs)
+
+    def apply_async_on_commit(
+        self, session: Any, args: Any = None, kwargs: Any = None, **options: Any
+    ) -> Any:
+        """``self.apply_async(args, kwargs, **options)`` with the commit of ``session``, as
+        :meth:`delay_on_commit`."""
+        from jobs_platform.outbox import enqueue  # SQLAlchemy: only for callers who use it
+
+        return enqueue.add(self, session, args, kwargs, options)
+
     def _check_bulk(self) -> None:
         if self.spec.debounce is not None:
             raise DispatchError(

@@ -10,7 +10,8 @@ Per scrape:
 - Redis, one pipeline: the counters hash (``HGETALL``, one field per series), the
   live-workers hash, the spool lists (``LLEN``) and beat's ticks (``HGETALL``);
 - the database, one query: ``SELECT status, reason, count(*), max(failed_at) ... GROUP BY
-  status, reason`` over the dead-letter table.
+  status, reason`` over the dead-letter table, and one over the outbox's unpublished rows
+  (``count(*), min(created_at)``, through its partial index; source ``outbox``).
 
 A source that fails (Redis or the database down, the table not created yet) does not fail
 the scrape: its metrics are left out, ``jobs_exporter_source_up{source}`` says 0 and the
@@ -19,6 +20,7 @@ error is logged, so an alert can tell "no dead letters" from "cannot see them".
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import math
 import time
@@ -41,6 +43,7 @@ from jobs_platform.deadletter.model import REASONS, STATUSES
 from jobs_platform.deadletter.store import TABLE
 from jobs_platform.exporter.sources import Sources
 from jobs_platform.metrics import counters, keys, names
+from jobs_platform.outbox.upkeep import backlog
 
 logger = logging.getLogger("jobs_platform.metrics")
 
@@ -88,6 +91,7 @@ class JobsCollector(Collector):
             "database": self._guarded(
                 "database", lambda: families.extend(self._from_database(now))
             ),
+            "outbox": self._guarded("outbox", lambda: families.extend(self._from_outbox(now))),
         }
         yield from families
         source_up = _gauge(names.SOURCE_UP)
@@ -99,7 +103,7 @@ class JobsCollector(Collector):
         yield duration
 
     def _guarded(self, source: str, read: Callable[[], None]) -> bool:
-        if source == "database" and not self.sources.database_url:
+        if source in ("database", "outbox") and not self.sources.database_url:
             return False
         try:
             read()
@@ -213,6 +217,17 @@ class JobsCollector(Collector):
             stored.add_metric([status, reason], float(count))
         age = None if newest is None else max(0.0, now - newest)
         return [stored, _gauge(names.DEAD_LETTER_NEWEST_AGE, age)]  # no sample when empty
+
+    def _from_outbox(self, now: float) -> list[Metric]:
+        """The outbox's backlog, apart from the dead letters: a database migrated before
+        the outbox existed still serves its dead-letter metrics."""
+        assert self.sources.database_url is not None
+        with engine_for(self.sources.database_url).connect() as conn:
+            waiting = backlog(conn, dt.datetime.fromtimestamp(now, dt.UTC))
+        return [
+            _gauge(names.OUTBOX_DEPTH, float(waiting.depth)),
+            _gauge(names.OUTBOX_OLDEST_AGE, waiting.oldest_age_s),
+        ]
 
 
 def _gauge(metric: names.Metric, value: float | None = None) -> GaugeMetricFamily:

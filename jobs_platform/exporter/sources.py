@@ -6,7 +6,7 @@
   (:mod:`jobs_platform.metrics.keys`), the dead-letter spool (``JOBS_DLQ_SPOOL_KEY``) and
   its ``:rejected`` / ``:unreadable`` side lists (:mod:`jobs_platform.deadletter.spool`),
   beat's ticks and skip counts (:mod:`jobs_platform.schedule.state`);
-- the dead-letter table (``JOBS_DATABASE_URL``).
+- the dead-letter table and the outbox (``JOBS_DATABASE_URL``).
 """
 
 from __future__ import annotations

@@ -259,9 +259,17 @@ BEAT_SKIPPED = Metric(
     ("entry", "reason"),
     "scrape",
 )
+OUTBOX_DEPTH = _scrape(
+    "jobs_outbox_depth",
+    "Committed delay_on_commit jobs in job_outbox that no relay has published yet.",
+)
+OUTBOX_OLDEST_AGE = _scrape(
+    "jobs_outbox_oldest_age_seconds",
+    "Seconds since the oldest unpublished outbox job was written (0 when none waits).",
+)
 SOURCE_UP = _scrape(
     "jobs_exporter_source_up",
-    "1 if the exporter could read the source (redis, database) in this scrape, else 0 "
+    "1 if the exporter could read the source (redis, database, outbox) in this scrape, else 0 "
     "(the metrics read from it are then absent).",
     "source",
 )
@@ -299,6 +307,8 @@ ALL: tuple[Metric, ...] = (
     DELAYED_NEXT_DUE,
     BEAT_LAST_TICK,
     BEAT_SKIPPED,
+    OUTBOX_DEPTH,
+    OUTBOX_OLDEST_AGE,
     SOURCE_UP,
     SCRAPE_DURATION,
 )

@@ -6,6 +6,8 @@
 - ``jobs.maintenance.purge_idempotency_keys`` (heavy): deletes idempotency keys past their
   TTL (``JOBS_IDEMPOTENCY_KEY_TTL``); an expired key already counts as never seen, so this
   only reclaims space.
+- ``jobs.maintenance.prune_outbox`` (heavy): deletes outbox rows published more than
+  ``JOBS_OUTBOX_RETENTION`` ago (a published row is kept only for inspection).
 - ``jobs.maintenance.check_unique_locks`` (fast): counts the unique-dispatch locks. They
   are Redis keys with a TTL (``unique_for``), so Redis removes stale ones itself; the task
   reports how many are held and warns about any without a TTL (the platform makes none).
@@ -34,7 +36,8 @@ logger = logging.getLogger("jobs_platform.schedule.maintenance")
 PURGE_DEAD_LETTERS = "jobs.maintenance.purge_dead_letters"
 PURGE_IDEMPOTENCY_KEYS = "jobs.maintenance.purge_idempotency_keys"
 CHECK_UNIQUE_LOCKS = "jobs.maintenance.check_unique_locks"
-TASK_NAMES = (PURGE_DEAD_LETTERS, PURGE_IDEMPOTENCY_KEYS, CHECK_UNIQUE_LOCKS)
+PRUNE_OUTBOX = "jobs.maintenance.prune_outbox"
+TASK_NAMES = (PURGE_DEAD_LETTERS, PURGE_IDEMPOTENCY_KEYS, CHECK_UNIQUE_LOCKS, PRUNE_OUTBOX)
 #: Only rows someone resolved are purged; a row still ``dead`` waits for a person.
 PURGED_STATUSES = ("replayed", "discarded")
 
@@ -52,6 +55,11 @@ def maintenance_schedule(settings: Any) -> dict[str, dict[str, Any]]:
         "jobs.maintenance.idempotency-keys": {
             "task": PURGE_IDEMPOTENCY_KEYS,
             "schedule": crontab(minute=25),
+            "options": {"overlap": "skip", "catch_up": 1},
+        },
+        "jobs.maintenance.outbox": {
+            "task": PRUNE_OUTBOX,
+            "schedule": crontab(minute=45),
             "options": {"overlap": "skip", "catch_up": 1},
         },
         "jobs.maintenance.unique-locks": {
@@ -89,6 +97,7 @@ def install_tasks(app: Any) -> None:
         (PURGE_DEAD_LETTERS, "heavy", purge_dead_letters),
         (PURGE_IDEMPOTENCY_KEYS, "heavy", purge_idempotency_keys),
         (CHECK_UNIQUE_LOCKS, "fast", check_unique_locks),
+        (PRUNE_OUTBOX, "heavy", prune_outbox),
     ):
         limits = fitted_limits(settings, queue)
         app.task(base=ReliableTask, bind=True, name=name, queue=queue, **limits)(run)
@@ -122,6 +131,21 @@ def purge_idempotency_keys(task: Any) -> dict[str, Any]:
         "jobs.keys.purged: %d expired idempotency key(s)",
         deleted,
         extra={"event": "jobs.keys.purged", "count": deleted},
+    )
+    return {"deleted": deleted}
+
+
+def prune_outbox(task: Any) -> dict[str, Any]:
+    """Delete outbox rows published more than ``JOBS_OUTBOX_RETENTION`` ago."""
+    from jobs_platform.db import engine_for
+    from jobs_platform.outbox.upkeep import prune
+
+    settings = task.app.jobs_settings
+    deleted = prune(engine_for(settings.database_url), float(settings.outbox_retention))
+    logger.info(
+        "jobs.outbox.pruned: %d published outbox row(s)",
+        deleted,
+        extra={"event": "jobs.outbox.pruned", "count": deleted},
     )
     return {"deleted": deleted}
 

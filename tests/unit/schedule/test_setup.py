@@ -76,6 +76,7 @@ def test_maintenance_tasks_run_on_their_queues() -> None:
         maintenance.PURGE_DEAD_LETTERS: "heavy",
         maintenance.PURGE_IDEMPOTENCY_KEYS: "heavy",
         maintenance.CHECK_UNIQUE_LOCKS: "fast",
+        maintenance.PRUNE_OUTBOX: "heavy",
     }
 
 
