@@ -26,6 +26,7 @@ from jobs_platform.bulk.messages import COPYABLE_OPTIONS
 from jobs_platform.clock import utcnow
 from jobs_platform.errors import DispatchError
 from jobs_platform.flow import task as flow_task
+from jobs_platform.idempotency import unique
 from jobs_platform.outbox.database import same_database
 from jobs_platform.outbox.model import job_outbox
 from jobs_platform.urls import masked
@@ -53,6 +54,10 @@ def add(task: Any, session: Any, args: Any, kwargs: Any, options: Mapping[str, A
     payload = check_arguments(task, args, kwargs)  # a TypeError for the signature, as .delay()
     if task.spec.concurrency is not None:
         flow_task.check_concurrency_key(task, args, kwargs)
+    if task.spec.unique_for_s is not None:
+        # The row is the job's one dispatch, published with its own id as a dispatch with an
+        # explicit task_id is (no lock to outlive a rollback); the key must still be there.
+        unique.identity_of(task, args, kwargs)
     task_id = str(options.pop("task_id", None) or uuid())
     now = utcnow()
     countdown = options.pop("countdown", None)
@@ -79,13 +84,11 @@ def add(task: Any, session: Any, args: Any, kwargs: Any, options: Mapping[str, A
 
 
 def _check_task(task: Any) -> None:
-    spec = task.spec
-    if spec.debounce is not None or spec.unique_for_s is not None:
-        option = "debounce" if spec.debounce is not None else "unique_for"
+    if task.spec.debounce is not None:
         raise DispatchError(
-            f"{task.name}: a task with {option} is dispatched with .delay(), not on commit "
-            "(its Redis lock or window would outlive a rolled-back transaction); nothing "
-            "was written"
+            f"{task.name}: a debounced task is dispatched with .delay(), not on commit (each "
+            "dispatch joins its key's window in Redis, which a rollback cannot take back); "
+            "nothing was written"
         )
 
 
