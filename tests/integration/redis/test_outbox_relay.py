@@ -16,16 +16,20 @@ from typing import Any
 import pytest
 import redis
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy.orm import Session
 
 from jobs_platform import ReliableTask, create_app
 from jobs_platform.brokers.redis import delayed
 from jobs_platform.brokers.redis import options as delayed_options
 from jobs_platform.db import engine_for, upgrade
+from jobs_platform.exporter.collector import JobsCollector
+from jobs_platform.exporter.sources import Sources
 from jobs_platform.history import ENQUEUED_HEADER
 from jobs_platform.outbox.model import job_outbox
 from jobs_platform.outbox.relay import relay_once
 from jobs_platform.testing import RedisServer
+from tests.support.metrics_app import samples, value
 
 pytestmark = pytest.mark.integration
 
@@ -138,3 +142,25 @@ def test_two_relays_racing_over_10000_rows_queue_each_job_once(
     assert sorted(m["headers"]["id"] for m in messages) == sorted(ids)  # each once
     order_ids = sorted(json.loads(base64.b64decode(m["body"]))[0][0] for m in messages)
     assert order_ids == list(range(ROWS))
+
+
+def test_the_exporter_serves_the_outbox_backlog(app: Any) -> None:
+    with Session(engine_for(app.jobs_settings.database_url)) as session:
+        for n in range(3):
+            app.tasks["shop.charge"].delay_on_commit(session, n)
+        session.commit()
+
+    def scrape(now: float) -> dict[Any, float]:
+        registry = CollectorRegistry()
+        registry.register(JobsCollector(Sources.from_app(app), clock=lambda: now))
+        return samples(generate_latest(registry).decode())
+
+    later = time.time() + 30
+    got = scrape(later)
+    assert value(got, "jobs_exporter_source_up", source="outbox") == 1
+    assert value(got, "jobs_outbox_depth") == 3
+    assert 29 <= value(got, "jobs_outbox_oldest_age_seconds") <= 90
+    assert relay_once(app) == 3
+    got = scrape(later)
+    assert value(got, "jobs_outbox_depth") == 0
+    assert value(got, "jobs_outbox_oldest_age_seconds") == 0
