@@ -71,6 +71,7 @@ bench: install services
 	$(BIN)/python -m bench.ratelimit
 	$(BIN)/python -m bench.concurrency
 	$(BIN)/python -m bench.dlq_listing
+	$(BIN)/python -m bench.outbox
 
 # The long soak (20,000 jobs under kills, a Redis restart and a database cut; ~10 min).
 # Its short form (2,000 jobs) runs in `make test` (tests/acceptance/test_chaos.py).
