@@ -137,6 +137,31 @@ def publish(app: Any, rows: Sequence[Row]) -> None:
         publishing.publish(task, calls, [None] * len(calls))
 
 
+def _log_failure(app: Any, exc: Exception) -> None:
+    """Once per failing spell: a table not there yet (a worker starting before its first
+    migration, which the drainer runs) is a warning; anything else an error."""
+    reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    try:
+        with db.engine_for(app.jobs_settings.database_url).connect() as conn:
+            missing = not sa.inspect(conn).has_table(job_outbox.name)
+    except Exception:
+        missing = False
+    if missing:
+        logger.warning(
+            "jobs.outbox.relay_waiting: %s does not exist yet (celery -A APP db upgrade); "
+            "the relay tries again every pass",
+            job_outbox.name,
+            extra={"event": "jobs.outbox.relay_failed"},
+        )
+        return
+    logger.error(
+        "jobs.outbox.relay_failed: committed jobs wait in job_outbox until the database "
+        "and the broker answer: %s",
+        reason,
+        extra={"event": "jobs.outbox.relay_failed"},
+    )
+
+
 def relay_interval(app: Any) -> float:
     return float(app.jobs_settings.outbox_relay_interval)
 
@@ -166,12 +191,7 @@ class RelayStep(bootsteps.StartStopStep):  # type: ignore[misc]
                 sent = relay_once(app, limit=batch)
             except Exception as exc:  # database or broker down: the rows wait; next pass
                 if not failing:
-                    logger.error(
-                        "jobs.outbox.relay_failed: committed jobs wait in job_outbox until "
-                        "the database and the broker answer: %s",
-                        str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                        extra={"event": "jobs.outbox.relay_failed"},
-                    )
+                    _log_failure(app, exc)
                 failing = True
             else:
                 if failing:

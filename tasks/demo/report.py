@@ -25,6 +25,7 @@ from jobs_platform.ratelimit import parse_rate
 from jobs_platform.retry.backoff import backoff_window
 from jobs_platform.schedule.slots import SKIPPED_MARK, parse_slot
 from tasks import billing, shop
+from tasks.demo import checkout
 from tasks.demo.observe import QUEUES, Track
 from tasks.demo.tour import NOWHERE, Facts
 from tasks.jobs import app
@@ -667,6 +668,7 @@ def print_report(console: Console, facts: Facts, chart: str) -> bool:
     report.retries()
     report.dead_letters()
     report.charges()
+    checkout.report(report)
     report.kill()
     report.delayed()
     report.beat()

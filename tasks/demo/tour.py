@@ -44,6 +44,7 @@ from jobs_platform.idempotency import unique
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
 from tasks import billing, email, media, reminders, shop
+from tasks.demo import checkout
 from tasks.demo.broker import Broker
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sample, Sampler, Track
@@ -185,6 +186,8 @@ class Facts:
     missing: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Which Redis the tour ran on, and what became of it (for the report's words).
     broker: Broker | None = None
+    #: The checkout step: an order and its charge in one transaction (tasks/demo/checkout.py).
+    checkout: checkout.Checkout | None = None
 
     def mark(self, label: str) -> None:
         self.marks.append((time.time(), label))
@@ -671,6 +674,7 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
         view.phase = f"{w.name} tour: flash sale"
         kill_and_recover(facts, view, client, traffic)
         looked.result(timeout=120)
+        facts.checkout = checkout.run(facts, view)
         view.phase = f"{w.name} tour: draining"
     traffic.check()
     wait_until_done(facts, view, events, client, w.drain_timeout_s)
@@ -687,6 +691,7 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
     stop_beats(facts, view, client)
     wait_until_done(facts, view, events, client, 60)
     read_sync_runs(facts)
+    checkout.settle(facts)
     cancel_reminders(facts, view, client)
     time.sleep(1.0)  # the last events and counter flushes (every 2 s) are informational
     view.phase = f"{w.name} tour: done"
