@@ -14,6 +14,10 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+#: The header carrying a message's fairness key (a ``fairness_key`` task's): a broker that
+#: serves fair queues takes a queue's keyed messages round robin across the keys.
+FAIRNESS_HEADER = "jobs_fair_key"
+
 
 @dataclasses.dataclass(frozen=True)
 class QueueState:
@@ -97,6 +101,9 @@ class Broker(Protocol):
     name: str
     #: The highest message priority this broker serves first.
     highest_priority: int
+    #: Why this broker cannot take a queue's jobs round robin across fairness keys
+    #: (``fairness_key`` is refused at declaration with it); None when it can.
+    no_fair_queues: str | None
 
     # -- configuration and start-up -------------------------------------------------------
 

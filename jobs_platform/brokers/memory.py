@@ -21,6 +21,10 @@ URL = "memory://"
 
 class MemoryBroker(RedisBroker):
     name = "in-process (memory://)"
+    no_fair_queues: str | None = (
+        "kombu's in-process transport has one list per queue and no fetch script to take "
+        "keyed jobs round robin"
+    )
 
     def check_url(self, url: str, *, setting: str) -> None:
         if url != URL:

@@ -99,3 +99,24 @@ def test_a_debounced_task_refuses_bulk_dispatch_before_sending_anything(app: Any
         task.delay_many([("a",), ("b",)])
     with pytest.raises(DispatchError, match="one call at a time"):
         task.apply_async_many([(("a",), {})])
+
+
+def test_fairness_key_is_refused_at_declaration_on_a_broker_without_fair_queues(
+    app: Any,
+) -> None:
+    with pytest.raises(ConfigError, match=r"fairness_key needs a broker .*in-process transport"):
+        declare(app, "u.fair", fairness_key=lambda account, n=0: account)
+
+
+@pytest.mark.parametrize("key", ["account", 3, ("account",)])
+def test_a_fairness_key_that_is_not_a_callable_is_refused(key: Any) -> None:
+    with pytest.raises(ConfigError, match="fairness_key is a callable"):
+        options.fairness(key, task="u.fair", no_fair_queues=None)
+
+
+def test_a_fairness_key_on_a_broker_with_fair_queues_is_kept() -> None:
+    def tenant(account: str, n: int = 0) -> str:
+        return account
+
+    assert options.fairness(tenant, task="u.fair", no_fair_queues=None) is tenant
+    assert options.fairness(None, task="u.fair", no_fair_queues="no") is None

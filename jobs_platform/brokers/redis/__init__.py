@@ -15,6 +15,7 @@
     layout.py     kombu's queue lists read at a flat cost (metrics, health)  (Redis)
     restore.py    the restore sweep for workers without an event loop        (kombu)
     publish.py    a bulk dispatch's pipelined publish                        (kombu)
+    fair.py       fair queues: keyed messages taken round robin across keys  (Redis)
 
 The transport and the bootstep are given to Celery by name, so a producer
 (``import jobs_platform``) loads neither.
@@ -59,6 +60,8 @@ class RedisBroker:
     name = "Redis"
     #: kombu's base list (priority 0) is served first.
     highest_priority = 0
+    #: Keyed messages wait in per-key lists the kill-safe fetch rotates (fair.py).
+    no_fair_queues: str | None = None
 
     # -- configuration and start-up -------------------------------------------------------
 
