@@ -30,6 +30,17 @@ class QueueState:
 
 
 @dataclasses.dataclass(frozen=True)
+class FairKey:
+    """A fairness key with jobs waiting on one queue."""
+
+    queue: str
+    key: str
+    backlog: int
+    #: Its place in the queue's rotation: 0 is served next.
+    position: int
+
+
+@dataclasses.dataclass(frozen=True)
 class InflightState:
     """Jobs taken by workers and not yet acknowledged."""
 
@@ -130,6 +141,10 @@ class Broker(Protocol):
 
     def inflight(self, app: Any) -> InflightState | None:
         """Fetched, unacknowledged jobs per queue; ``None`` when the broker cannot tell."""
+
+    def fair_keys(self, app: Any, queues: Sequence[str]) -> list[FairKey]:
+        """The fairness keys with jobs waiting on ``queues``, in rotation order (a cost that
+        grows with the keys, not the backlog)."""
 
     def ping(self, url: str, timeout_s: float) -> tuple[bool, str]:
         """Whether the broker answers within ``timeout_s``, and what it said."""

@@ -33,12 +33,13 @@ import redis
 
 from jobs_platform.brokers.interface import (
     DeliveryTimeout,
+    FairKey,
     InflightState,
     PublishSession,
     QueueState,
     Sweep,
 )
-from jobs_platform.brokers.redis import layout, options, publish
+from jobs_platform.brokers.redis import fair, layout, options, publish
 from jobs_platform.brokers.redis.delayed import RedisDelayedStore
 from jobs_platform.brokers.redis.restore import RestoreSweep
 from jobs_platform.errors import ConfigError
@@ -158,6 +159,11 @@ class RedisBroker:
 
     def inflight(self, app: Any) -> InflightState | None:
         return layout.read_inflight(_client(app), layout.BrokerLayout.from_app(app))
+
+    def fair_keys(self, app: Any, queues: Sequence[str]) -> list[FairKey]:
+        where = layout.BrokerLayout.from_app(app, queues)
+        rings = {queue: where.ring(queue) for queue in where.queues}
+        return fair.keys_with_work(_client(app), rings)
 
     def ping(self, url: str, timeout_s: float) -> tuple[bool, str]:
         """Redis PING with short socket timeouts (a black-holed broker fails in

@@ -20,8 +20,9 @@ the queue's ordinary list, as kombu restores every message: it is served first, 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
+
+from jobs_platform.brokers.interface import FairKey
 
 #: Suffix of a queue's ring (after kombu's ``sep``).
 RING = "fair"
@@ -60,17 +61,6 @@ def publish_args(ring: str, key: str, payload: str) -> tuple[Any, ...]:
 def waiting(client: Any, ring: str) -> int:
     """Keyed messages waiting in the queue of ``ring`` (one ``GET``)."""
     return max(0, int(client.get(count_key(ring)) or 0))
-
-
-@dataclasses.dataclass(frozen=True)
-class FairKey:
-    """One key with work on one queue."""
-
-    queue: str
-    key: str
-    backlog: int
-    #: The key's place in the ring: 0 is served next.
-    position: int
 
 
 def keys_with_work(client: Any, rings: dict[str, str]) -> list[FairKey]:

@@ -19,7 +19,7 @@ from kombu import Connection, Exchange, Producer, Queue
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import loads
 
-from jobs_platform.brokers.interface import FAIRNESS_HEADER
+from jobs_platform.brokers.interface import FAIRNESS_HEADER, FairKey
 from jobs_platform.brokers.redis import fair, fetch, layout
 from jobs_platform.testing import RedisServer
 
@@ -163,6 +163,6 @@ def test_a_bulk_publish_queues_keyed_messages_in_the_ring(
     assert raw.lrange(RING, 0, -1) == [b"x", b"y"]
     assert raw.llen(f"{RING}:x") == 2 and int(raw.get(f"{RING}#")) == 3
     assert fair.keys_with_work(raw, {"fast": RING}) == [
-        fair.FairKey("fast", "x", 2, 0),
-        fair.FairKey("fast", "y", 1, 1),
+        FairKey("fast", "x", 2, 0),
+        FairKey("fast", "y", 1, 1),
     ]
