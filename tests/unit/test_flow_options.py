@@ -101,11 +101,21 @@ def test_a_debounced_task_refuses_bulk_dispatch_before_sending_anything(app: Any
         task.apply_async_many([(("a",), {})])
 
 
-def test_fairness_key_is_refused_at_declaration_on_a_broker_without_fair_queues(
-    app: Any,
-) -> None:
-    with pytest.raises(ConfigError, match=r"fairness_key needs a broker .*in-process transport"):
-        declare(app, "u.fair", fairness_key=lambda account, n=0: account)
+def test_fairness_key_is_refused_at_declaration_on_a_broker_without_fair_queues() -> None:
+    why = "its queues are FIFO exchanges"  # what a broker without fair queues would say
+    with pytest.raises(ConfigError, match=r"fairness_key needs a broker .*: its queues are FIFO"):
+        options.fairness(lambda account, n=0: account, task="u.fair", no_fair_queues=why)
+
+
+def test_a_fairness_key_is_checked_on_the_dispatched_arguments(app: Any) -> None:
+    from jobs_platform import DispatchError
+
+    task = declare(app, "u.fair", fairness_key=lambda account, n=0: account)
+    assert task.spec.fairness_key("acct-1") == "acct-1"
+    with pytest.raises(DispatchError, match="fairness_key must return a non-empty str, got 3"):
+        task.delay(3)
+    with pytest.raises(DispatchError, match=r"call 1 of 2 refused.*fairness_key must return"):
+        task.delay_many([("a",), (3,)])
 
 
 @pytest.mark.parametrize("key", ["account", 3, ("account",)])
