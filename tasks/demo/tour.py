@@ -44,6 +44,7 @@ from jobs_platform.idempotency import unique
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
 from tasks import billing, email, media, reminders, shop
+from tasks.demo import fairness
 from tasks.demo.broker import Broker
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sample, Sampler, Track
@@ -185,6 +186,8 @@ class Facts:
     missing: dict[str, str] = dataclasses.field(default_factory=dict)
     #: Which Redis the tour ran on, and what became of it (for the report's words).
     broker: Broker | None = None
+    #: The tenant storm (tasks/demo/fairness.py).
+    fairness: fairness.Storm | None = None
 
     def mark(self, label: str) -> None:
         self.marks.append((time.time(), label))
@@ -673,6 +676,8 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
         looked.result(timeout=120)
         view.phase = f"{w.name} tour: draining"
     traffic.check()
+    view.phase = f"{w.name} tour: a tenant storm"
+    facts.fairness = fairness.storm(w.name, view.say)
     wait_until_done(facts, view, events, client, w.drain_timeout_s)
     delayed = facts.delayed
     delayed.still_stored_after = delayed_get(client, keys_for(app), delayed.task_id) is not None
