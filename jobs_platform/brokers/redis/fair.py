@@ -39,6 +39,17 @@ redis.call('INCR', KEYS[1] .. '#')
 return 1
 """
 
+#: KEYS[1]: the ring. Deletes every key's list, the ring and the count; returns how many
+#: messages waited (``celery purge`` counts them with the queue's own).
+PURGE_SCRIPT = """
+local n = tonumber(redis.call('GET', KEYS[1] .. '#') or '0')
+for _, key in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
+    redis.call('DEL', KEYS[1] .. ':' .. key)
+end
+redis.call('DEL', KEYS[1], KEYS[1] .. '#')
+return n
+"""
+
 
 def ring_key(queue_key: str, sep: str) -> str:
     """The ring of a queue whose base list is ``queue_key`` (prefix included)."""

@@ -91,6 +91,13 @@ class Channel(KillSafeFetch, PoisonGuardChannel):
             # every key passed is used as given.
             client.eval(*args)
 
+    def _purge(self, queue: str) -> int:
+        # A queue's keyed jobs are purged with it (kombu's purge knows only its lists).
+        purged = int(super()._purge(queue))
+        ring = fair.ring_key(self.global_keyprefix + queue, self.sep)
+        with self.conn_or_acquire() as client:
+            return purged + int(client.eval(fair.PURGE_SCRIPT, 1, ring))
+
     def _jobs_fair_key(self, message: dict[str, Any]) -> str | None:
         """The fairness key of a message to queue round robin (:mod:`.fair`); None for one
         with a priority (it goes to its priority list, as kombu's) or no key."""

@@ -166,3 +166,14 @@ def test_a_bulk_publish_queues_keyed_messages_in_the_ring(
         FairKey("fast", "x", 2, 0),
         FairKey("fast", "y", 1, 1),
     ]
+
+
+def test_a_purge_of_the_queue_empties_its_key_lists_too(
+    raw: redis.Redis, server: RedisServer
+) -> None:
+    with connect(server.url) as conn:
+        publish(conn, "a", "t1")
+        publish(conn, "b", "t2")
+        publish(conn, "c", None)
+        assert conn.channel().queue_purge("fast") == 3
+    assert not raw.exists(RING, f"{RING}:t1", f"{RING}:t2", f"{RING}#", "fast")
