@@ -52,6 +52,43 @@ def one_worker(
         proc.stop()
 
 
+def test_a_keyed_job_of_a_sigkilled_worker_runs_again(
+    flow_app: Any,
+    worker_env: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_client: redis.Redis,
+) -> None:
+    # First in the module: the module's worker is not started yet, so these are the only
+    # consumers of heavy.
+    tag = uuid.uuid4().hex[:8]
+    tmp = tmp_path_factory.mktemp("fair-kill")
+    starts = f"jptest:fair:{tag}"
+
+    def worker(name: str) -> WorkerProcess:
+        return WorkerProcess(
+            APP,
+            ["heavy"],
+            env=worker_env,
+            cwd=str(ROOT),
+            log_dir=str(tmp),
+            hostname=f"{name}-{uuid.uuid4().hex[:6]}@flow",
+            concurrency=1,
+        )
+
+    with worker("doomed") as doomed:
+        flow_app.tenant_job.delay(tag, "victim", 0, 300.0)
+        wait_for(lambda: redis_client.llen(starts) == 1, timeout_s=30, message="the first run")
+        doomed.kill()
+    redis_client.set(f"jptest:fair:release:{tag}", "1")  # the second run ends at once
+    with worker("survivor"):
+        wait_for(
+            lambda: redis_client.llen(starts) >= 2,
+            timeout_s=90,
+            message="the killed worker's keyed job to run again",
+        )
+    assert redis_client.lrange(starts, 0, -1) == ["victim:0", "victim:0"]
+
+
 def test_a_small_tenant_after_a_big_backlog_starts_long_before_it_drains(
     flow_app: Any, one_worker: WorkerProcess, redis_client: redis.Redis
 ) -> None:

@@ -84,6 +84,11 @@ def partner(self: Any, tag: str) -> None:
     fairness_key=lambda tag, tenant, n, hold_s=0.01: tenant,
 )
 def tenant_job(self: Any, tag: str, tenant: str, n: int, hold_s: float = 0.01) -> None:
-    """Records its start in order (one list: the order starts happened in)."""
+    """Records its start in order (one list: the order starts happened in); runs ``hold_s``
+    seconds, or until ``jptest:fair:release:<tag>`` is set."""
     client().rpush(f"jptest:fair:{tag}", f"{tenant}:{n}")
-    time.sleep(hold_s)
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        if hold_s > 1 and client().exists(f"jptest:fair:release:{tag}"):
+            break
+        time.sleep(min(hold_s, 0.05))
