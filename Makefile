@@ -70,6 +70,7 @@ bench: install services
 	$(BIN)/python -m bench.retries
 	$(BIN)/python -m bench.ratelimit
 	$(BIN)/python -m bench.concurrency
+	$(BIN)/python -m bench.fairness
 	$(BIN)/python -m bench.dlq_listing
 	$(BIN)/python -m bench.outbox
 

@@ -51,6 +51,7 @@ OPTIONS = frozenset(
         "debounce",
         "debounce_key",
         "debounce_max",
+        "fairness_key",
     }
 )
 
@@ -102,6 +103,8 @@ class TaskSpec:
     concurrency: flow.Concurrency | None = None
     #: Dispatches of one key collapse into one run with the last arguments.
     debounce: flow.Debounce | None = None
+    #: The key its jobs are taken round robin by on their queue (jobs_platform.flow).
+    fairness_key: flow.KeyFunction | None = None
 
     @property
     def rate_limited(self) -> bool:
@@ -177,7 +180,8 @@ def resolve(
     hard = profile.time_limit_s if hard is None else hard
     soft = option("soft_time_limit")
     soft = min(profile.soft_time_limit_s, hard * 0.9) if soft is None else soft
-    delivery = brokers.for_url(settings.broker_url).delivery_timeout(settings)
+    delivery_broker = brokers.for_url(settings.broker_url)
+    delivery = delivery_broker.delivery_timeout(settings)
     rules.check_task_limits(
         name,
         longest_wait_s=policy.longest_wait_s,
@@ -213,6 +217,9 @@ def resolve(
             option("concurrency_key"), option("concurrency_limit"), task=name
         ),
         debounce=_debounce(name, declared),
+        fairness_key=flow.fairness(
+            option("fairness_key"), task=name, no_fair_queues=delivery_broker.no_fair_queues
+        ),
     )
 
 

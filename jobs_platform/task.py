@@ -139,7 +139,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                     declared[name] = own[name]
         if getattr(cls, "_declared_queue", None) is not None:
             declared.setdefault("queue", cls._declared_queue)
-        for name in ("classifier", "concurrency_key", "debounce_key"):
+        for name in ("classifier", "concurrency_key", "debounce_key", "fairness_key"):
             if isinstance(declared.get(name), staticmethod):
                 declared[name] = declared[name].__func__
         return declared
@@ -202,6 +202,8 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         options = dispatch.stamped(options)
         if self.spec.concurrency is not None:
             flow_task.check_concurrency_key(self, args, kwargs)
+        if self.spec.fairness_key is not None:
+            options = flow_task.with_fairness_key(self, args, kwargs, options)
         try:
             if self.spec.debounce is not None:
                 return flow_task.dispatch_debounced(self, args, kwargs, options)

@@ -8,7 +8,7 @@ Start a worker per queue with ``celery -A tasks worker-profile fast`` (see docs/
 """
 
 # Importing the modules declares (and validates) their tasks on the app (tasks/jobs.py).
-from tasks import billing, email, media, partner, reminders, reports, schedule, shop
+from tasks import billing, email, media, partner, reminders, reports, schedule, shop, tenants
 from tasks.jobs import app
 
 __all__ = [
@@ -21,4 +21,5 @@ __all__ = [
     "reports",
     "schedule",
     "shop",
+    "tenants",
 ]

@@ -14,6 +14,10 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
+#: The header carrying a message's fairness key (a ``fairness_key`` task's): a broker that
+#: serves fair queues takes a queue's keyed messages round robin across the keys.
+FAIRNESS_HEADER = "jobs_fair_key"
+
 
 @dataclasses.dataclass(frozen=True)
 class QueueState:
@@ -23,6 +27,17 @@ class QueueState:
     #: Unix time of the oldest waiting job's enqueue stamp; ``None`` when the queue is
     #: empty, its oldest jobs carry no stamp, or the broker cannot tell.
     oldest_enqueued_at: float | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FairKey:
+    """A fairness key with jobs waiting on one queue."""
+
+    queue: str
+    key: str
+    backlog: int
+    #: Its place in the queue's rotation: 0 is served next.
+    position: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +112,9 @@ class Broker(Protocol):
     name: str
     #: The highest message priority this broker serves first.
     highest_priority: int
+    #: Why this broker cannot take a queue's jobs round robin across fairness keys
+    #: (``fairness_key`` is refused at declaration with it); None when it can.
+    no_fair_queues: str | None
 
     # -- configuration and start-up -------------------------------------------------------
 
@@ -123,6 +141,10 @@ class Broker(Protocol):
 
     def inflight(self, app: Any) -> InflightState | None:
         """Fetched, unacknowledged jobs per queue; ``None`` when the broker cannot tell."""
+
+    def fair_keys(self, app: Any, queues: Sequence[str]) -> list[FairKey]:
+        """The fairness keys with jobs waiting on ``queues``, in rotation order (a cost that
+        grows with the keys, not the backlog)."""
 
     def ping(self, url: str, timeout_s: float) -> tuple[bool, str]:
         """Whether the broker answers within ``timeout_s``, and what it said."""

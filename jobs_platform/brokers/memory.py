@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from jobs_platform.brokers.interface import InflightState, PublishSession, QueueState, Sweep
+from jobs_platform.brokers.interface import (
+    FairKey,
+    InflightState,
+    PublishSession,
+    QueueState,
+    Sweep,
+)
 from jobs_platform.brokers.redis import RedisBroker, options
 from jobs_platform.brokers.redis.publish import PipelinedSession
 from jobs_platform.errors import ConfigError
@@ -21,6 +27,9 @@ URL = "memory://"
 
 class MemoryBroker(RedisBroker):
     name = "in-process (memory://)"
+    #: A fairness_key task declares here as on Redis (unit tests import the app's real
+    #: tasks); no worker runs on this transport, so nothing is taken round robin.
+    no_fair_queues: str | None = None
 
     def check_url(self, url: str, *, setting: str) -> None:
         if url != URL:
@@ -41,6 +50,9 @@ class MemoryBroker(RedisBroker):
 
     def inflight(self, app: Any) -> InflightState | None:
         return None
+
+    def fair_keys(self, app: Any, queues: Sequence[str]) -> list[FairKey]:
+        return []
 
     def ping(self, url: str, timeout_s: float) -> tuple[bool, str]:
         return True, "in-process broker"

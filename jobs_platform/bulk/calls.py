@@ -15,6 +15,7 @@ from typing import Any
 
 from jobs_platform import dispatch
 from jobs_platform.errors import DispatchError
+from jobs_platform.flow import task as flow_task
 from jobs_platform.idempotency import unique
 
 #: Options that differ from call to call without changing anything else in the message.
@@ -100,6 +101,8 @@ def read(task: Any, items: Iterable[Any], shared: dict[str, Any], *, form: str) 
             if own:
                 dispatch.check_options(task, options)
             payload = check_arguments(task, args, kwargs)
+            if task.spec.fairness_key is not None:
+                options = flow_task.with_fairness_key(task, args, kwargs, options)
             given = options.get("task_id")
             call = Call(
                 index, args, kwargs, options, str(given or ids[index]), bool(given), payload

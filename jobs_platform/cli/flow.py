@@ -2,9 +2,11 @@
 
 ``list`` prints one row per key: each concurrency key a job asked for lately (its limit,
 running and waiting jobs), each rate key the app's tasks name (its rate, a pause in
-force) and each open debounce window (its run's id, dispatches collapsed, when it is
-due). ``show KEY`` prints everything about one key: the jobs holding its slots, those
-waiting (oldest first), its rate pause, its open windows. ``--json`` prints JSON Lines on
+force), each open debounce window (its run's id, dispatches collapsed, when it is
+due) and each fairness key with jobs waiting on a queue (its backlog and place in the
+rotation, read from the broker). ``show KEY`` prints everything about one key: the jobs
+holding its slots, those waiting (oldest first), its rate pause, its open windows, its
+fair backlog per queue. ``--json`` prints JSON Lines on
 stdout (``show``: one object). Exit codes: 0 done, 1 nothing known of the key or Redis did
 not answer, 2 usage error. There is no circuit breaker yet, so no breaker state.
 """
@@ -18,7 +20,7 @@ import click
 import redis
 from rich.console import Console
 
-from jobs_platform import coordination
+from jobs_platform import brokers, coordination
 from jobs_platform.cli import render
 from jobs_platform.cli.options import json_option
 from jobs_platform.flow import state
@@ -41,6 +43,15 @@ def _declared_rates(app: Any) -> dict[str, list[tuple[str, str | None]]]:
             rate = None if spec.rate is None else str(spec.rate)
             declared.setdefault(spec.rate_key, []).append((str(task.name), rate))
     return declared
+
+
+def _fair_keys(app: Any, *, only: str | None = None) -> list[dict[str, Any]]:
+    queues = [queue.name for queue in app.conf.task_queues or ()]
+    try:
+        found = brokers.of(app).fair_keys(app, queues)
+    except redis.RedisError as exc:
+        raise click.ClickException(f"cannot reach the broker: {exc}") from exc
+    return [dataclasses.asdict(f) for f in found if only is None or f.key == only]
 
 
 def _rows(app: Any, client: Any) -> list[dict[str, Any]]:
@@ -67,12 +78,16 @@ def _rows(app: Any, client: Any) -> list[dict[str, Any]]:
         )
     for window in state.windows(client):
         rows.append({"kind": "debounce", **dataclasses.asdict(window)})
+    for found in _fair_keys(app):
+        rows.append({"kind": "fairness", **found, "waiting": found["backlog"]})
     return rows
 
 
 def _state_text(row: dict[str, Any]) -> str:
     if row["kind"] == "rate":
         return f"paused {row['paused_for_s']:.1f} s" if row["paused_for_s"] else "-"
+    if row["kind"] == "fairness":
+        return f"queue {row['queue']}, next in rotation: {row['position']}"
     if row["kind"] == "debounce":
         return (
             f"{row['task']}: run {row['run_id']} due in {row['due_in_s']:.1f} s, "
@@ -81,7 +96,7 @@ def _state_text(row: dict[str, Any]) -> str:
     return "-"
 
 
-@click.group(help="Flow control: concurrency keys, rate keys, debounce windows.")
+@click.group(help="Flow control: concurrency keys, rate keys, debounce windows, fairness.")
 def flow() -> None:
     """The ``flow`` commands."""
 
@@ -123,13 +138,15 @@ def _shown(app: Any, client: Any, key: str) -> dict[str, Any] | None:
     conc = found[0] if found else None
     rates = state.rate_keys(client, {k: v for k, v in _declared_rates(app).items() if k == key})
     windows = state.windows(client, only=key)
-    if conc is None and not rates and not windows:
+    fair = _fair_keys(app, only=key)
+    if conc is None and not rates and not windows and not fair:
         return None
     return {
         "key": key,
         "concurrency": None if conc is None else dataclasses.asdict(conc),
         "rate": dataclasses.asdict(rates[0]) if rates else None,
         "debounce": [dataclasses.asdict(w) for w in windows],
+        "fairness": [{k: v for k, v in f.items() if k != "key"} for f in fair],
     }
 
 
@@ -165,6 +182,11 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
         echo(
             f"rate: {', '.join(rate['rates']) or 'no rate (pauses only)'} for "
             f"{', '.join(rate['tasks'])}{paused}"
+        )
+    for found in shown["fairness"]:
+        echo(
+            f"fairness (queue {found['queue']}): {found['backlog']} waiting, "
+            f"{found['position']} key(s) ahead in the rotation"
         )
     for window in shown["debounce"]:
         echo(

@@ -83,6 +83,25 @@ def debounce(window: Any, key: Any, maximum: Any, *, task: str) -> Debounce | No
     return Debounce(float(window), float(maximum), key)
 
 
+def fairness(key: Any, *, task: str, no_fair_queues: str | None) -> KeyFunction | None:
+    """``fairness_key`` as declared; refused on a broker that cannot take a queue's jobs
+    round robin (``no_fair_queues`` says why)."""
+    if key is None:
+        return None
+    if not callable(key):
+        raise ConfigError(
+            f"task {task!r}: fairness_key is a callable of the task's arguments returning a "
+            f"string (the tenant), e.g. lambda tenant, **_: tenant; got {key!r}"
+        )
+    if no_fair_queues is not None:
+        raise ConfigError(
+            f"task {task!r}: fairness_key needs a broker that takes a queue's jobs round robin "
+            f"across keys (Redis); this one cannot: {no_fair_queues}"
+        )
+    function: KeyFunction = key
+    return function
+
+
 def key_of(
     function: KeyFunction,
     args: Any,

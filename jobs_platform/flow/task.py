@@ -19,6 +19,7 @@ from celery.exceptions import Ignore
 from kombu.utils.json import dumps, loads
 
 from jobs_platform import coordination, dispatch
+from jobs_platform.brokers.interface import FAIRNESS_HEADER
 from jobs_platform.errors import DispatchError
 from jobs_platform.flow import concurrency, debounce
 from jobs_platform.flow.options import key_of
@@ -121,6 +122,23 @@ def _wake(app: Any, record: str) -> None:
     if republish is None:
         return  # not a task this worker knows: its own deferral brings it back
     republish(app.signature(data["signature"]))
+
+
+# -- fairness ---------------------------------------------------------------------------------
+
+
+def with_fairness_key(task: Any, args: Any, kwargs: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with this dispatch's fairness key in its headers: the broker queues the
+    job under the key (its retries and deferrals keep the header, so the key)."""
+    key = key_of(
+        task.spec.fairness_key,
+        args,
+        kwargs,
+        task=task.name,
+        option="fairness_key",
+        error=DispatchError,
+    )
+    return {**options, "headers": {**(options.get("headers") or {}), FAIRNESS_HEADER: key}}
 
 
 # -- debounce ----------------------------------------------------------------------------------

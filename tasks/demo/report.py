@@ -25,7 +25,7 @@ from jobs_platform.ratelimit import parse_rate
 from jobs_platform.retry.backoff import backoff_window
 from jobs_platform.schedule.slots import SKIPPED_MARK, parse_slot
 from tasks import billing, shop
-from tasks.demo import checkout
+from tasks.demo import checkout, fairness
 from tasks.demo.observe import QUEUES, Track
 from tasks.demo.tour import NOWHERE, Facts
 from tasks.jobs import app
@@ -673,6 +673,9 @@ def print_report(console: Console, facts: Facts, chart: str) -> bool:
     report.delayed()
     report.beat()
     report.rate_limit()
+    if facts.fairness is not None:
+        section(console, "8b. A tenant storm on the heavy queue (fairness_key)")
+        fairness.report(console, facts.fairness, report.expect)
     report.services()
     ok = report.verdict()
     report.next_steps(chart)

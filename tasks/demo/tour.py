@@ -44,7 +44,7 @@ from jobs_platform.idempotency import unique
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
 from tasks import billing, email, media, reminders, shop
-from tasks.demo import checkout
+from tasks.demo import checkout, fairness
 from tasks.demo.broker import Broker
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sample, Sampler, Track
@@ -188,6 +188,8 @@ class Facts:
     broker: Broker | None = None
     #: The checkout step: an order and its charge in one transaction (tasks/demo/checkout.py).
     checkout: checkout.Checkout | None = None
+    #: The tenant storm (tasks/demo/fairness.py).
+    fairness: fairness.Storm | None = None
 
     def mark(self, label: str) -> None:
         self.marks.append((time.time(), label))
@@ -677,6 +679,8 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
         facts.checkout = checkout.run(facts, view)
         view.phase = f"{w.name} tour: draining"
     traffic.check()
+    view.phase = f"{w.name} tour: a tenant storm"
+    facts.fairness = fairness.storm(w.name, view.say)
     wait_until_done(facts, view, events, client, w.drain_timeout_s)
     delayed = facts.delayed
     delayed.still_stored_after = delayed_get(client, keys_for(app), delayed.task_id) is not None

@@ -34,6 +34,7 @@ SECTIONS = (
     "6. A delayed job through the delayed store",
     "7. Beat: two beats, a 1-second entry, each slot sent once",
     "8. The warehouse's rate limit",
+    "8b. A tenant storm on the heavy queue (fairness_key)",
     "Expectations",
     "Where to look next",
 )

@@ -74,3 +74,21 @@ def events(tag: str) -> list[dict[str, Any]]:
 )
 def partner(self: Any, tag: str) -> None:
     _event(tag, kind="run", task_id=self.request.id)
+
+
+@app.task(
+    base=ReliableTask,
+    bind=True,
+    name="flow.tenant_job",
+    queue="heavy",
+    fairness_key=lambda tag, tenant, n, hold_s=0.01: tenant,
+)
+def tenant_job(self: Any, tag: str, tenant: str, n: int, hold_s: float = 0.01) -> None:
+    """Records its start in order (one list: the order starts happened in); runs ``hold_s``
+    seconds, or until ``jptest:fair:release:<tag>`` is set."""
+    client().rpush(f"jptest:fair:{tag}", f"{tenant}:{n}")
+    deadline = time.monotonic() + hold_s
+    while time.monotonic() < deadline:
+        if hold_s > 1 and client().exists(f"jptest:fair:release:{tag}"):
+            break
+        time.sleep(min(hold_s, 0.05))

@@ -99,3 +99,34 @@ def test_a_debounced_task_refuses_bulk_dispatch_before_sending_anything(app: Any
         task.delay_many([("a",), ("b",)])
     with pytest.raises(DispatchError, match="one call at a time"):
         task.apply_async_many([(("a",), {})])
+
+
+def test_fairness_key_is_refused_at_declaration_on_a_broker_without_fair_queues() -> None:
+    why = "its queues are FIFO exchanges"  # what a broker without fair queues would say
+    with pytest.raises(ConfigError, match=r"fairness_key needs a broker .*: its queues are FIFO"):
+        options.fairness(lambda account, n=0: account, task="u.fair", no_fair_queues=why)
+
+
+def test_a_fairness_key_is_checked_on_the_dispatched_arguments(app: Any) -> None:
+    from jobs_platform import DispatchError
+
+    task = declare(app, "u.fair", fairness_key=lambda account, n=0: account)
+    assert task.spec.fairness_key("acct-1") == "acct-1"
+    with pytest.raises(DispatchError, match="fairness_key must return a non-empty str, got 3"):
+        task.delay(3)
+    with pytest.raises(DispatchError, match=r"call 1 of 2 refused.*fairness_key must return"):
+        task.delay_many([("a",), (3,)])
+
+
+@pytest.mark.parametrize("key", ["account", 3, ("account",)])
+def test_a_fairness_key_that_is_not_a_callable_is_refused(key: Any) -> None:
+    with pytest.raises(ConfigError, match="fairness_key is a callable"):
+        options.fairness(key, task="u.fair", no_fair_queues=None)
+
+
+def test_a_fairness_key_on_a_broker_with_fair_queues_is_kept() -> None:
+    def tenant(account: str, n: int = 0) -> str:
+        return account
+
+    assert options.fairness(tenant, task="u.fair", no_fair_queues=None) is tenant
+    assert options.fairness(None, task="u.fair", no_fair_queues="no") is None

@@ -15,6 +15,7 @@
     layout.py     kombu's queue lists read at a flat cost (metrics, health)  (Redis)
     restore.py    the restore sweep for workers without an event loop        (kombu)
     publish.py    a bulk dispatch's pipelined publish                        (kombu)
+    fair.py       fair queues: keyed messages taken round robin across keys  (Redis)
 
 The transport and the bootstep are given to Celery by name, so a producer
 (``import jobs_platform``) loads neither.
@@ -32,12 +33,13 @@ import redis
 
 from jobs_platform.brokers.interface import (
     DeliveryTimeout,
+    FairKey,
     InflightState,
     PublishSession,
     QueueState,
     Sweep,
 )
-from jobs_platform.brokers.redis import layout, options, publish
+from jobs_platform.brokers.redis import fair, layout, options, publish
 from jobs_platform.brokers.redis.delayed import RedisDelayedStore
 from jobs_platform.brokers.redis.restore import RestoreSweep
 from jobs_platform.errors import ConfigError
@@ -59,6 +61,8 @@ class RedisBroker:
     name = "Redis"
     #: kombu's base list (priority 0) is served first.
     highest_priority = 0
+    #: Keyed messages wait in per-key lists the kill-safe fetch rotates (fair.py).
+    no_fair_queues: str | None = None
 
     # -- configuration and start-up -------------------------------------------------------
 
@@ -155,6 +159,11 @@ class RedisBroker:
 
     def inflight(self, app: Any) -> InflightState | None:
         return layout.read_inflight(_client(app), layout.BrokerLayout.from_app(app))
+
+    def fair_keys(self, app: Any, queues: Sequence[str]) -> list[FairKey]:
+        where = layout.BrokerLayout.from_app(app, queues)
+        rings = {queue: where.ring(queue) for queue in where.queues}
+        return fair.keys_with_work(_client(app), rings)
 
     def ping(self, url: str, timeout_s: float) -> tuple[bool, str]:
         """Redis PING with short socket timeouts (a black-holed broker fails in

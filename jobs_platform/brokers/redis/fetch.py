@@ -46,7 +46,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import loads
 from redis.exceptions import NoScriptError, OutOfMemoryError
 
-from jobs_platform.brokers.redis import liveness
+from jobs_platform.brokers.redis import fair, liveness
 
 logger = logging.getLogger("jobs_platform.fetch")
 
@@ -59,37 +59,66 @@ SHEBANG_SERVER = (7, 0)
 #: the owner's held set, the owners set and the owner's lease (:mod:`.liveness`).
 #: ARGV[1]: the index score (seconds since the epoch); ARGV[2]: the owner; ARGV[3]: its lease
 #: in ms; ARGV[3 + i]: ``1`` if a message from list i is acknowledged later (recorded), ``0``
-#: for a consumer that takes no acks (a control reply: kombu records none for it).
+#: for a consumer that takes no acks (a control reply: kombu records none for it), ``F``
+#: when KEYS[i] is a queue's fair ring (:mod:`.fair`): the ring head's list is taken from,
+#: recorded, and the head rotated to the tail (dropped when its list is empty).
 #: Returns ``{list, item, tag}`` (tag nil when the item was not recorded: not an envelope
-#: kombu could record, or not to be acknowledged) or nil.
-#: The item is read before anything is written and popped last: a server that refuses the
-#: writes (out of memory) leaves the item in its list.
+#: kombu could record, or not to be acknowledged; list is the ring for a keyed message) or
+#: nil. The item is read before anything is written and popped last: a server that refuses
+#: the writes (out of memory) leaves the item in its list.
 FETCH_SCRIPT = """
 local n = #KEYS - 5
-for i = 1, n do
-    local item = redis.call('LINDEX', KEYS[i], -1)
-    if item then
-        local tag = false
-        local ok, message = false, nil
-        if ARGV[3 + i] == '1' then ok, message = pcall(cjson.decode, item) end
-        if ok and type(message) == 'table' and type(message.properties) == 'table' then
-            local t = message.properties.delivery_tag
-            local info = message.properties.delivery_info
-            if type(t) == 'string' and t ~= '' and type(info) == 'table'
-                    and type(info.exchange) == 'string'
-                    and type(info.routing_key) == 'string' then
-                tag = t
-                redis.call('HSET', KEYS[n + 1], tag, '[' .. item .. ','
-                    .. cjson.encode(info.exchange) .. ','
-                    .. cjson.encode(info.routing_key) .. ']')
-                redis.call('ZADD', KEYS[n + 2], ARGV[1], tag)
-                redis.call('SADD', KEYS[n + 3], tag)
-                redis.call('SADD', KEYS[n + 4], ARGV[2])
-                redis.call('SET', KEYS[n + 5], '1', 'PX', ARGV[3])
-            end
+local function record(item)
+    local ok, message = pcall(cjson.decode, item)
+    if ok and type(message) == 'table' and type(message.properties) == 'table' then
+        local t = message.properties.delivery_tag
+        local info = message.properties.delivery_info
+        if type(t) == 'string' and t ~= '' and type(info) == 'table'
+                and type(info.exchange) == 'string'
+                and type(info.routing_key) == 'string' then
+            redis.call('HSET', KEYS[n + 1], t, '[' .. item .. ','
+                .. cjson.encode(info.exchange) .. ','
+                .. cjson.encode(info.routing_key) .. ']')
+            redis.call('ZADD', KEYS[n + 2], ARGV[1], t)
+            redis.call('SADD', KEYS[n + 3], t)
+            redis.call('SADD', KEYS[n + 4], ARGV[2])
+            redis.call('SET', KEYS[n + 5], '1', 'PX', ARGV[3])
+            return t
         end
-        redis.call('RPOP', KEYS[i])
-        return {KEYS[i], item, tag}
+    end
+    return false
+end
+for i = 1, n do
+    if ARGV[3 + i] == 'F' then
+        local ring = KEYS[i]
+        -- A key is in the ring iff its list has work; a stale head (list emptied by
+        -- hand) is dropped, a bounded number of times per fetch.
+        for _ = 1, 8 do
+            local key = redis.call('LINDEX', ring, 0)
+            if not key then break end
+            local sub = ring .. ':' .. key
+            local item = redis.call('LINDEX', sub, -1)
+            if item then
+                local tag = record(item)
+                redis.call('RPOP', sub)
+                redis.call('DECR', ring .. '#')
+                if redis.call('LLEN', sub) == 0 then
+                    redis.call('LPOP', ring)
+                else
+                    redis.call('LMOVE', ring, ring, 'LEFT', 'RIGHT')
+                end
+                return {ring, item, tag}
+            end
+            redis.call('LPOP', ring)
+        end
+    else
+        local item = redis.call('LINDEX', KEYS[i], -1)
+        if item then
+            local tag = false
+            if ARGV[3 + i] == '1' then tag = record(item) end
+            redis.call('RPOP', KEYS[i])
+            return {KEYS[i], item, tag}
+        end
     end
 end
 return false
@@ -295,8 +324,16 @@ class KillSafeFetch(kombu_redis.Channel):  # type: ignore[misc]
     def _kill_safe_fetch_args(self, queues: Sequence[str]) -> list[Any]:
         prefix = self.global_keyprefix
         of_list = queues_of_lists(queues, self._q_for_pri, self.priority_steps)
-        lists = list(of_list)
-        acked = ["0" if of_list[key] in self._jobs_no_ack else "1" for key in lists]
+        lists: list[str] = []
+        acked: list[str] = []
+        for key, queue in of_list.items():
+            lists.append(key)
+            no_ack = queue in self._jobs_no_ack
+            acked.append("0" if no_ack else "1")
+            if key == queue and not no_ack:
+                # A queue's keyed messages rank right after its base list (priority 0).
+                lists.append(fair.ring_key(queue, self.sep))
+                acked.append("F")
         owner = self.jobs_owner
         keys = [
             *(prefix + key for key in (*lists, self.unacked_key, self.unacked_index_key)),

@@ -6,7 +6,8 @@ A queue with priorities is several lists: the queue's name for priority 0 and
 ``sep`` is ``"\\x06\\x16"``, the steps ``[0, 3, 6, 9]``, both transport options).
 Producers ``LPUSH``, workers ``BRPOP``, so the oldest message of a list is its tail.
 
-- depth: ``LLEN`` of every sub-list (O(1) each);
+- depth: ``LLEN`` of every sub-list (O(1) each), plus the count of keyed messages waiting
+  in the queue's fair ring (:mod:`.fair`, one ``GET``);
 - oldest waiting: ``LINDEX <list> -1`` of every sub-list (O(1) from the tail), and only
   those few messages are parsed for their ``jobs_enqueued_at`` header;
 - in flight: kombu keeps each fetched, unacknowledged message in the ``unacked`` hash
@@ -27,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from jobs_platform.brokers.interface import InflightState, QueueState
+from jobs_platform.brokers.redis import fair
 from jobs_platform.clock import unix_time
 from jobs_platform.history import ENQUEUED_HEADER
 from jobs_platform.routing import QUEUE_NAMES
@@ -66,6 +68,10 @@ class BrokerLayout:
             prefix=str(options.get("global_keyprefix") or ""),
         )
 
+    def ring(self, queue: str) -> str:
+        """The fair ring of ``queue`` (:mod:`.fair`)."""
+        return fair.ring_key(self.prefix + queue, self.sep)
+
     def sublists(self, queue: str) -> list[str]:
         """Every list of ``queue``, as kombu names them."""
         base = self.prefix + queue
@@ -74,23 +80,26 @@ class BrokerLayout:
 
 
 def read_queues(client: Any, layout: BrokerLayout) -> dict[str, QueueState]:
-    """Depth and oldest enqueue stamp of every queue: one round trip, 2 commands per list."""
+    """Depth and oldest enqueue stamp of every queue: one round trip, 2 commands per list
+    and one for the fair ring (its keyed messages count in the depth; the oldest stamp is
+    the ordinary lists')."""
     pipe = client.pipeline(transaction=False)
     for queue in layout.queues:
+        pipe.get(fair.count_key(layout.ring(queue)))
         for key in layout.sublists(queue):
             pipe.llen(key)
             pipe.lindex(key, -1)
     replies = iter(pipe.execute())
     states = {}
     for queue in layout.queues:
-        length = 0
+        length = max(0, int(next(replies) or 0))
         stamps = []
         for _ in layout.sublists(queue):
             length += int(next(replies))
             stamp = enqueued_at(next(replies))
             if stamp is not None:
                 stamps.append(stamp)
-        states[queue] = QueueState(length, min(stamps) if stamps and length else None)
+        states[queue] = QueueState(length, min(stamps) if stamps else None)
     return states
 
 

@@ -4,8 +4,9 @@ Every task message reaches Redis through ``Channel._put`` (producers' ``apply_as
 workers' retries alike), so this is the one place that sees them all. A message whose
 wait is not safely below the visibility timeout (:mod:`.divert`) is written to the
 delayed store instead of its queue, byte-for-byte as it would have been queued (task id,
-priority, headers), to be released when due (:mod:`.releaser`). Everything else is
-kombu's own code path.
+priority, headers), to be released when due (:mod:`.releaser`). A message with a fairness
+key goes to its key's list of the queue's ring (:mod:`.fair`). Everything else is kombu's
+own code path.
 
 The URL stays ``redis://`` (or ``rediss://``): Celery's ``broker_transport`` setting names
 this class (:meth:`jobs_platform.brokers.redis.RedisBroker.celery_config`). Its channel is
@@ -21,7 +22,8 @@ from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
-from jobs_platform.brokers.redis import divert, options, reconnect
+from jobs_platform.brokers.interface import FAIRNESS_HEADER
+from jobs_platform.brokers.redis import divert, fair, options, reconnect
 from jobs_platform.brokers.redis.delayed import DEFAULT_PREFIX, DelayedJob, Keys, store_args
 from jobs_platform.brokers.redis.fetch import KillSafeFetch
 from jobs_platform.brokers.redis.poison import PoisonGuardChannel
@@ -72,9 +74,14 @@ class Channel(KillSafeFetch, PoisonGuardChannel):
             margin_s=float(self.jobs_delay_margin),
         )
         if due is None:
-            super()._put(queue, message, **kwargs)
-            return
-        args = store_args(Keys(self.jobs_delayed_prefix), self._job(queue, message, due, now_s))
+            key = self._jobs_fair_key(message)
+            if key is None:
+                super()._put(queue, message, **kwargs)
+                return
+            ring = fair.ring_key(self.global_keyprefix + queue, self.sep)
+            args = fair.publish_args(ring, key, kombu_redis.dumps(message))
+        else:
+            args = store_args(Keys(self.jobs_delayed_prefix), self._job(queue, message, due, now_s))
         batch = kwargs.pop("_publish_batch", None)
         if batch is not None:
             batch.add("eval", *args)  # flushed with the batch's other commands
@@ -83,6 +90,23 @@ class Channel(KillSafeFetch, PoisonGuardChannel):
             # EVAL is not among the commands kombu's global_keyprefix client rewrites:
             # every key passed is used as given.
             client.eval(*args)
+
+    def _purge(self, queue: str) -> int:
+        # A queue's keyed jobs are purged with it (kombu's purge knows only its lists).
+        purged = int(super()._purge(queue))
+        ring = fair.ring_key(self.global_keyprefix + queue, self.sep)
+        with self.conn_or_acquire() as client:
+            return purged + int(client.eval(fair.PURGE_SCRIPT, 1, ring))
+
+    def _jobs_fair_key(self, message: dict[str, Any]) -> str | None:
+        """The fairness key of a message to queue round robin (:mod:`.fair`); None for one
+        with a priority (it goes to its priority list, as kombu's) or no key."""
+        key = (message.get("headers") or {}).get(FAIRNESS_HEADER)
+        if not isinstance(key, str) or not key:
+            return None
+        if self._get_message_priority(message, reverse=False) != 0:
+            return None
+        return key
 
     def _job(self, queue: str, message: dict[str, Any], due: int, now_s: float) -> DelayedJob:
         headers = message["headers"]

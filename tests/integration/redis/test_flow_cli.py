@@ -1,6 +1,7 @@
 """The real ``celery -A APP flow list|show`` command, as a subprocess, on a Redis of its own:
 concurrency keys with their holders and waiters, a rate key's pause, an open debounce
-window; JSON Lines on stdout; exit 1 for a key nothing is known of."""
+window, fairness keys with their backlog; JSON Lines on stdout; exit 1 for a key nothing is
+known of."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import redis
 
+from jobs_platform.brokers.redis import fair
 from jobs_platform.flow.concurrency import Slots
 from jobs_platform.flow.debounce import Windows
 from jobs_platform.ratelimit import RateLimiter
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
 APP = "tests.support.flow_app"
+SEP = "\x06\x16"  # kombu's
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +64,9 @@ def seeded(server: RedisServer) -> dict[str, str]:
             window_s=30,
             max_s=300,
         )
+    ring = fair.ring_key("heavy", SEP)
+    for key in ("tenant-big", "tenant-big", "tenant-big", "tenant-small"):
+        client.eval(*fair.publish_args(ring, key, "{}"))
     return {
         **{k: v for k, v in os.environ.items() if k not in ("COLUMNS", "FORCE_COLOR")},
         "JOBS_BROKER_URL": server.url,
@@ -121,3 +127,21 @@ def test_show_of_an_unknown_key_says_so_and_exits_1(seeded: dict[str, str]) -> N
     assert done.returncode == 1
     assert "nothing is known of flow key 'no-such-key'" in done.stderr
     assert done.stdout == ""
+
+
+def test_list_and_show_give_each_fairness_keys_backlog_and_place(seeded: dict[str, str]) -> None:
+    done = cli(seeded, "list", "--json")
+    assert done.returncode == 0, done.stderr
+    fair_rows = [r for r in rows(done.stdout) if r["kind"] == "fairness"]
+    assert [(r["queue"], r["key"], r["waiting"], r["position"]) for r in fair_rows] == [
+        ("heavy", "tenant-big", 3, 0),
+        ("heavy", "tenant-small", 1, 1),
+    ]
+    table = cli(seeded, "list")
+    assert "tenant-small" in table.stdout and "queue heavy" in table.stdout
+
+    shown = cli(seeded, "show", "tenant-small", "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert rows(shown.stdout)[0]["fairness"] == [{"queue": "heavy", "backlog": 1, "position": 1}]
+    text = cli(seeded, "show", "tenant-big")
+    assert "fairness (queue heavy): 3 waiting, 0 key(s) ahead" in text.stdout
