@@ -76,7 +76,7 @@ def test_class_form_refuses_a_gap_too(app: Any) -> None:
         name = "v.class"
         queue = "fast"
         version = 3
-        upcast = {1: identity}  # noqa: RUF012 (a declaration, read once)
+        upcast = {1: identity}
 
         def run(self, key: str) -> None:
             return None
