@@ -31,6 +31,12 @@ CONCURRENCY_GEN_HEADER = "jobs_conc_gen"
 #: trigger publishes the run, it never runs the task itself. Not one delivery's: a trigger
 #: retried after a lost attempt must stay a trigger.
 DEBOUNCE_HEADER = "jobs_debounce"
+#: The payload version of the code that dispatched the job (jobs_platform.versions); a
+#: message without it predates versions: version 1. The job's, not one delivery's.
+VERSION_HEADER = "jobs_version"
+#: When a worker first deferred a job whose payload is newer than its code (UTC ISO): the
+#: skew window counts from there (jobs_platform.versions). A replay starts afresh.
+VERSION_WAIT_HEADER = "jobs_version_wait"
 #: Headers that describe one delivery of a job, not the job: an attempt's retry drops them.
 PER_DELIVERY_HEADERS = (LOST_WORKER_HEADER, RATE_SLOT_HEADER, CONCURRENCY_GEN_HEADER)
 #: Request attribute where ReliableTask hands the failure it gave up on (a
@@ -39,8 +45,8 @@ PER_DELIVERY_HEADERS = (LOST_WORKER_HEADER, RATE_SLOT_HEADER, CONCURRENCY_GEN_HE
 #: stand-in before ``task_failure`` fires.
 FINAL_FAILURE_ATTR = "jobs_final_failure"
 #: The outcomes a final failure can have (the dead-letter reason).
-FINAL_OUTCOMES = ("exhausted", "permanent")
-Outcome = Literal["exhausted", "permanent"]
+FINAL_OUTCOMES = ("exhausted", "permanent", "version_skew")
+Outcome = Literal["exhausted", "permanent", "version_skew"]
 #: Entries kept per message; max_retries is capped at 1000 but headers must stay small.
 MAX_ENTRIES = 50
 MAX_MESSAGE_CHARS = 1000

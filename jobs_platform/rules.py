@@ -121,6 +121,7 @@ def check_settings(values: Mapping[str, Any]) -> None:
         "metrics_flush_interval",
         "outbox_relay_interval",
         "outbox_retention",
+        "version_skew_window",
     ):
         check_positive(values[name], what=name)
     check_positive_int(values["outbox_relay_batch"], what="outbox_relay_batch", unit="jobs")
@@ -269,6 +270,48 @@ def check_unique_for(unique_for: Any, *, task: str) -> float | None:
             f"task {task!r}: unique_for is a number of seconds > 0, got {unique_for!r}"
         )
     return float(unique_for)
+
+
+def check_declared_version(version: Any, *, task: str) -> int:
+    """``version`` is the payload version of the task's code: a whole number >= 1."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ConfigError(
+            f"task {task!r}: version is the payload's version, a whole number >= 1 "
+            f"(default 1), got {version!r}"
+        )
+    return version
+
+
+def check_declared_upcast(upcast: Any, *, version: int, task: str) -> dict[int, Any]:
+    """``upcast`` maps every older version k (1 .. version-1) to a callable that turns its
+    ``(args, kwargs)`` into version k+1's: no gap (a payload of the missing version could not
+    be brought up), no key at or beyond ``version`` (nothing to upcast to)."""
+    if upcast is None:
+        upcast = {}
+    if not isinstance(upcast, Mapping):
+        raise ConfigError(
+            f"task {task!r}: upcast is a dict {{k: f}} with f(args, kwargs) -> the (args, "
+            f"kwargs) of version k+1, got {type(upcast).__name__}"
+        )
+    for key, function in upcast.items():
+        if isinstance(key, bool) or not isinstance(key, int) or not 1 <= key < version:
+            raise ConfigError(
+                f"task {task!r}: upcast key {key!r} is not an older version: with version="
+                f"{version} the keys are 1..{version - 1} (upcast[k] turns version k into k+1)"
+            )
+        if not callable(function):
+            raise ConfigError(
+                f"task {task!r}: upcast[{key}] must be callable(args, kwargs) -> (args, "
+                f"kwargs), got {function!r}"
+            )
+    missing = [k for k in range(1, version) if k not in upcast]
+    if missing:
+        raise ConfigError(
+            f"task {task!r}: version={version} needs upcast[k] for every older version k; "
+            f"missing: {', '.join(map(str, missing))} (a queued payload of that version could "
+            "not run)"
+        )
+    return dict(upcast)
 
 
 def check_task_limits(

@@ -199,6 +199,14 @@ class Settings:
         "s",
         "How long a published outbox row is kept before the maintenance schedule prunes it.",
     )
+    version_skew_window: float = _knob(
+        900.0,
+        "s",
+        "How long a job whose payload version is newer than a worker's code is deferred "
+        "(re-published, no attempt burned) waiting for an upgraded worker before it is "
+        "dead-lettered `version_skew` (replay it after the deploy). Counted from the first "
+        "deferral; keep it longer than a rolling deploy.",
+    )
     beat_lock_timeout: float = _knob(
         5.0,
         "s",

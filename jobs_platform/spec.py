@@ -23,6 +23,7 @@ from jobs_platform.retry import classify
 from jobs_platform.retry.backoff import UniformRng
 from jobs_platform.retry.policy import RetryPolicy
 from jobs_platform.routing import QUEUE_NAMES, check_queue
+from jobs_platform.versions import Versions
 
 if TYPE_CHECKING:
     from jobs_platform.settings import Settings
@@ -52,6 +53,8 @@ OPTIONS = frozenset(
         "debounce_key",
         "debounce_max",
         "fairness_key",
+        "version",
+        "upcast",
     }
 )
 
@@ -71,7 +74,7 @@ class RetryIn:
 class GiveUp:
     """Fail the job for good; ``outcome`` is the dead-letter reason."""
 
-    outcome: Literal["permanent", "exhausted"]
+    outcome: Literal["permanent", "exhausted", "version_skew"]
     reason: str
     status: int | None = None
 
@@ -105,6 +108,8 @@ class TaskSpec:
     debounce: flow.Debounce | None = None
     #: The key its jobs are taken round robin by on their queue (jobs_platform.flow).
     fairness_key: flow.KeyFunction | None = None
+    #: The payload version and its upcasters (jobs_platform.versions).
+    versions: Versions = dataclasses.field(default_factory=Versions)
 
     @property
     def rate_limited(self) -> bool:
@@ -220,6 +225,14 @@ def resolve(
         fairness_key=flow.fairness(
             option("fairness_key"), task=name, no_fair_queues=delivery_broker.no_fair_queues
         ),
+        versions=_versions(name, declared),
+    )
+
+
+def _versions(name: str, declared: Mapping[str, Any]) -> Versions:
+    version = rules.check_declared_version(declared.get("version", 1), task=name)
+    return Versions(
+        version, rules.check_declared_upcast(declared.get("upcast"), version=version, task=name)
     )
 
 

@@ -9,7 +9,8 @@ after an equal-jitter backoff, with the attempt history in the message headers. 
 Options use Celery's names where Celery has one (``max_retries``, ``retry_backoff``,
 ``retry_backoff_max``, ``retry_jitter``, ``time_limit``, ``soft_time_limit``), plus
 ``queue``, ``transient_errors``, ``permanent_errors``, ``retry_unknown_errors``,
-``classifier``, ``business_key`` and ``unique_for`` (:mod:`jobs_platform.idempotency`).
+``classifier``, ``business_key`` and ``unique_for`` (:mod:`jobs_platform.idempotency`),
+``version`` and ``upcast`` (:mod:`jobs_platform.versions`).
 When the task is declared they are resolved into its :class:`~jobs_platform.spec.TaskSpec`
 (validated by :mod:`jobs_platform.rules`), which is all the class reads afterwards.
 """
@@ -25,7 +26,17 @@ from celery.exceptions import Ignore, Reject
 from celery.exceptions import Retry as CeleryRetry
 from kombu.exceptions import EncodeError
 
-from jobs_platform import brokers, bulk, cheap_retry, coordination, dispatch, history, rules
+from jobs_platform import (
+    brokers,
+    bulk,
+    cheap_retry,
+    coordination,
+    dispatch,
+    history,
+    rules,
+    versions,
+)
+from jobs_platform.clock import utc_iso, utcnow
 from jobs_platform.errors import ConfigError, DispatchError, PermanentError
 from jobs_platform.flow import task as flow_task
 from jobs_platform.idempotency import unique
@@ -173,6 +184,16 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             cls.__header__ = staticmethod(
                 _named_checker(cls.name, app.type_checker(cls.run, bound=True))
             )
+        check = vars(cls)["__header__"].__func__
+        if not hasattr(check, "jobs_check"):
+            # A re-publish of a checked job skips it (dispatch.unchecked); the worker's
+            # version screen binds the upcast arguments with the check itself.
+            cls.__header__ = staticmethod(dispatch.skippable(check))
+
+    @classmethod
+    def bind_arguments(cls, *args: Any, **kwargs: Any) -> Any:
+        """Bind ``args``/``kwargs`` to this task's signature; TypeError if they do not fit."""
+        return cls.__header__.jobs_check(*args, **kwargs)
 
     @property
     def queue(self) -> str:
@@ -199,7 +220,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         dispatch.check_options(self, options)
         dispatch.check_size(self, args, kwargs)
-        options = dispatch.stamped(options)
+        options = dispatch.versioned(self, dispatch.stamped(options))
         if self.spec.concurrency is not None:
             flow_task.check_concurrency_key(self, args, kwargs)
         if self.spec.fairness_key is not None:
@@ -222,7 +243,19 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         checked when it was first dispatched) without checking it again."""
         # As Signature.apply_async() with no arguments would, minus ReliableTask's checks.
         options = dispatch.stamped(dict(signature.options))
-        return celery.Task.apply_async(self, signature.args, signature.kwargs, **options)
+        with dispatch.unchecked():  # its arguments may be of another payload version
+            return celery.Task.apply_async(self, signature.args, signature.kwargs, **options)
+
+    def _defer(self, wait_s: float, headers: dict[str, Any]) -> None:
+        """Publish this delivery again to come back in ``wait_s`` seconds (same id, same
+        attempt: none is burned) with ``headers``; the caller then raises Ignore, which frees
+        the pool slot at once. Rate limits and payload versions defer this way."""
+        request = self.request
+        self._republish(
+            self.signature_from_request(
+                request, queue=self._queue_of(request), countdown=wait_s, headers=headers
+            )
+        )
 
     def delay_many(self, calls: Iterable[Any]) -> list[Any]:
         """``[self.delay(*c) for c in calls]`` (a dict ``c`` is keyword arguments), checked
@@ -276,6 +309,8 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         if self.spec.debounce is not None:
             flow_task.end_debounce_trigger(self)  # a trigger publishes the run, then Ignore
+        # Before a slot or a rate start is taken: a deferred job holds neither.
+        args, kwargs = self._screen_version(args, kwargs)
         if self.spec.concurrency is None:
             return self._attempt(*args, **kwargs)
         slot = flow_task.take_slot(self, args, kwargs)  # raises Ignore after deferring
@@ -321,11 +356,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             headers.pop(history.RATE_SLOT_HEADER, None)  # paused: no slot is held
         else:
             headers[history.RATE_SLOT_HEADER] = grant.slot_ms
-        self._republish(
-            self.signature_from_request(
-                request, queue=self._queue_of(request), countdown=wait_s, headers=headers
-            )
-        )
+        self._defer(wait_s, headers)
         DEFERRED.labels(spec.rate_key).inc()
         logger.info(
             "%s[%s] deferred %.3f s by the %s limit on %r",
@@ -335,6 +366,44 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             spec.rate or "paused",
             spec.rate_key,
             extra={"event": "jobs.rate.deferred", "task_name": self.name},
+        )
+        raise Ignore()
+
+    def _screen_version(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
+        """The arguments of this task's payload version (an older payload upcast); a newer
+        payload is deferred (Ignore) until its window ends, then dead-lettered like one that
+        does not fit the signature: ``version_skew``, no retry (jobs_platform.versions)."""
+        request = self.request
+        if request.is_eager:
+            return args, kwargs  # run by the caller's own code: no other version can meet it
+        now = utcnow()
+        try:
+            step = versions.screen(
+                self.name,
+                self.spec.versions,
+                request.headers,
+                args,
+                kwargs,
+                bind=self.bind_arguments,
+                now_s=now.timestamp(),
+                window_s=self.app.jobs_settings.version_skew_window,
+                stamp=utc_iso(now),
+            )
+        except versions.VersionSkew as exc:
+            self._give_up(exc, request.retries + 1, GiveUp("version_skew", str(exc)))
+            raise
+        if isinstance(step, versions.Run):
+            return step.args, step.kwargs
+        self._defer(step.wait_s, step.headers)
+        logger.info(
+            "%s[%s] payload of version %d is newer than this worker's version %d: deferred "
+            "%.1f s for an upgraded worker",
+            self.name,
+            request.id,
+            step.payload_version,
+            self.spec.versions.version,
+            step.wait_s,
+            extra={"event": "jobs.version.deferred", "task_name": self.name},
         )
         raise Ignore()
 

@@ -92,12 +92,13 @@ def read(task: Any, items: Iterable[Any], shared: dict[str, Any], *, form: str) 
         raise BulkDispatchError(
             f"{task.name}: options refused, nothing was enqueued: {_reason(task, exc)}"
         ) from exc
+    shared = dispatch.versioned(task, shared)
     ids = new_ids(len(items))
     calls: list[Call] = []
     for index, item in enumerate(items):
         try:
             args, kwargs, own = _unpack(task, item, form)
-            options = {**shared, **own} if own else shared
+            options = dispatch.versioned(task, {**shared, **own}) if own else shared
             if own:
                 dispatch.check_options(task, options)
             payload = check_arguments(task, args, kwargs)

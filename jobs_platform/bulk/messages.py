@@ -213,14 +213,15 @@ class Messages:
     def _through_celery(self, call: Call, stamp: str) -> Any:
         options = dispatch.stamped({k: v for k, v in call.options.items() if k != "task_id"}, stamp)
         self.recorder.last = None
-        return celery.Task.apply_async(
-            self.task,
-            call.args,
-            call.kwargs,
-            task_id=call.task_id,
-            producer=self.recorder,
-            **options,
-        )
+        with dispatch.unchecked():  # checked when read (jobs_platform.bulk.calls, the outbox)
+            return celery.Task.apply_async(
+                self.task,
+                call.args,
+                call.kwargs,
+                task_id=call.task_id,
+                producer=self.recorder,
+                **options,
+            )
 
     def _learn(self, call: Call, result: Any) -> Prototype | None:
         """The kind's prototype from the message Celery just built, if it can be copied."""

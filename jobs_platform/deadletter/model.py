@@ -32,6 +32,7 @@ REASONS: tuple[str, ...] = (
     "poison",
     "expired",
     "rejected",
+    "version_skew",
 )
 #: Where a row is in its life: ``dead`` until a person replays or discards it.
 STATUSES: tuple[str, ...] = ("dead", "replayed", "discarded")

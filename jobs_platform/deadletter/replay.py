@@ -10,6 +10,11 @@ retries counted, no error history) and the header ``jobs_replay_of=<row id>`` so
 replay that dies again links back. The row moves ``dead -> replayed`` in the same
 transaction that publishes (see :meth:`DeadLetterStore.replay`), so replaying the same
 row twice enqueues once.
+
+A row keeps the payload version it was dispatched with (``jobs_version``), so the worker
+that runs the replay upcasts it with its own upcasters. Before sending, a replay (dry run
+included) checks that the row fits the code doing the replay: upcast, then bound to the
+task's signature (:func:`fits_in`); a row that would die of a ``TypeError`` is refused.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from typing import Any
 from celery.app.task import Context
 from celery.exceptions import QueueNotFound
 
-from jobs_platform import arguments, history
+from jobs_platform import arguments, dispatch, history, versions
 from jobs_platform.clock import utc_iso
 from jobs_platform.deadletter.store import DeadLetterStore, Outcome
 from jobs_platform.errors import JobsPlatformError
@@ -29,7 +34,12 @@ from jobs_platform.errors import JobsPlatformError
 Publish = Callable[[dict[str, Any], str], None]
 
 #: Headers that belong to the failed chain, not to the job: a replay starts afresh.
-CHAIN_HEADERS = (history.ERRORS_HEADER, history.ENQUEUED_HEADER, history.REPLAY_OF_HEADER)
+CHAIN_HEADERS = (
+    history.ERRORS_HEADER,
+    history.ENQUEUED_HEADER,
+    history.REPLAY_OF_HEADER,
+    history.VERSION_WAIT_HEADER,
+)
 #: Celery's own message headers (task protocol 2), which Celery sets for each message.
 #: Passed to ``apply_async(headers=...)`` they would *override* the new message's
 #: (``headers2.update(headers)`` in celery/app/amqp.py): the old task id, its retries, a
@@ -130,14 +140,45 @@ def publisher(app: Any) -> Publish:
         if row["priority"] is not None:
             options["priority"] = row["priority"]
         task = app.tasks.get(row["task_name"])
-        if task is not None:
+        if task is not None and getattr(task, "spec", None) is not None:
             # ReliableTask.apply_async stamps a fresh jobs_enqueued_at; retries start at 0.
+            # The arguments may be of an older version: fits_in() bound them once upcast.
+            with dispatch.unchecked():
+                task.apply_async(args=args, kwargs=kwargs, **options)
+        elif task is not None:
             task.apply_async(args=args, kwargs=kwargs, **options)
         else:
             headers[history.ENQUEUED_HEADER] = utc_iso()
             app.send_task(row["task_name"], args=args, kwargs=kwargs, **options)
 
     return publish
+
+
+def fits_in(app: Any) -> Callable[[dict[str, Any]], None]:
+    """``fits(row)``: ReplayRefused unless the row's arguments, upcast from the version they
+    were sent with, bind to the signature of ``app``'s task (what its worker would check
+    before the body). Rows of tasks this app does not declare with ReliableTask pass."""
+
+    def fits(row: dict[str, Any]) -> None:
+        name = row["task_name"]
+        task = app.tasks.get(name) if name and registered_in(app)(name) else None
+        spec = getattr(task, "spec", None)
+        if task is None or spec is None or not isinstance(spec.versions, versions.Versions):
+            return
+        try:
+            headers = arguments.from_stored(row["headers"]) or {}
+            versions.fit(
+                task.name,
+                spec.versions,
+                versions.version_of(headers),
+                arguments.from_stored(row["args"] or []),
+                arguments.from_stored(row["kwargs"] or {}),
+                task.bind_arguments,
+            )
+        except versions.VersionSkew as exc:
+            raise ReplayRefused(f"dead letter {row['id']} would fail: {exc}") from exc
+
+    return fits
 
 
 def registered_in(app: Any) -> Callable[[str], bool]:
@@ -162,11 +203,14 @@ def replay_row(
     dry_run: bool = False,
     allow_redacted: bool = False,
     registered: Callable[[str], bool] = lambda _name: True,
+    fits: Callable[[dict[str, Any]], None] = lambda _row: None,
 ) -> Outcome:
     """Replay row ``row_id`` (or, with ``dry_run``, say what would be sent); never refuses
     by raising: a refusal is an outcome. Failures of the broker or database are raised (the
     row stays dead: its publish is inside its transaction). ``registered(task_name)``: whether
-    the app knows the task: a poison row of one it does not know would die as poison again."""
+    the app knows the task: a poison row of one it does not know would die as poison again.
+    ``fits(row)``: the row's arguments fit the task's signature once upcast (:func:`fits_in`);
+    the dry run checks it too."""
     row = store.get(row_id)
     if row is None:
         return Outcome(row_id, "missing")
@@ -180,6 +224,7 @@ def replay_row(
                 "this app: no worker would run it (it would die as a poison message again); "
                 "replay from the -A app that declares it"
             )
+        fits(row)
     except ReplayRefused as exc:
         return Outcome(row_id, "refused", why=str(exc))
     if dry_run:
@@ -223,6 +268,7 @@ def replay_rows(
                 dry_run=dry_run,
                 allow_redacted=allow_redacted,
                 registered=registered_in(app),
+                fits=fits_in(app),
             )
         except Exception as exc:
             # The next rows would fail alike.
@@ -255,6 +301,7 @@ def replay(
         actor=actor,
         allow_redacted=allow_redacted,
         registered=registered_in(app),
+        fits=fits_in(app),
     )
     if outcome.outcome == "missing":
         raise ReplayRefused(f"no dead letter {row_id}")

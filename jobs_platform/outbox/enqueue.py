@@ -49,6 +49,7 @@ def add(task: Any, session: Any, args: Any, kwargs: Any, options: Mapping[str, A
             f"sends only {', '.join(sorted(OPTIONS))}); nothing was written"
         )
     dispatch.check_options(task, options)
+    options = dispatch.versioned(task, options)  # the relay may run other code: sent as is
     args = tuple(args or ())
     kwargs = dict(kwargs or {})
     payload = check_arguments(task, args, kwargs)  # a TypeError for the signature, as .delay()

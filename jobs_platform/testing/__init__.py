@@ -6,6 +6,7 @@
 - :mod:`.redis_db`: a Redis database of a test session's own.
 - :mod:`.letters`: ``dead_letter(**overrides)`` (a ``DeadLetter`` factory) and
   ``assert_dead_lettered(app, task_id, reason=...)``.
+- :mod:`.versions`: ``assert_versions_locked(app, path)`` (the versions lock check).
 - :mod:`.clock`: ``FakeClock``, for the objects that take a clock.
 - :mod:`.plugin`: the pytest fixtures (``jobs_worker``, ``jobs_env``, ``jobs_clock``, ...),
   registered by the ``pytest11`` entry point. See docs/testing.md.
@@ -21,12 +22,14 @@ from jobs_platform.testing.processes import (
     wait_for,
     workers,
 )
+from jobs_platform.testing.versions import assert_versions_locked
 
 __all__ = [
     "FakeClock",
     "RedisServer",
     "WorkerProcess",
     "assert_dead_lettered",
+    "assert_versions_locked",
     "dead_letter",
     "free_port",
     "port_answers",
