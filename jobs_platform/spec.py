@@ -52,8 +52,13 @@ OPTIONS = frozenset(
         "debounce_key",
         "debounce_max",
         "fairness_key",
+        "breaker_threshold",
+        "breaker_window",
+        "breaker_cooldown",
     }
 )
+#: Declaring any of these gives the task's ``rate_key`` a circuit breaker.
+BREAKER_OPTIONS = ("breaker_threshold", "breaker_window", "breaker_cooldown")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,10 +110,23 @@ class TaskSpec:
     debounce: flow.Debounce | None = None
     #: The key its jobs are taken round robin by on their queue (jobs_platform.flow).
     fairness_key: flow.KeyFunction | None = None
+    #: The circuit breaker of ``rate_key`` (jobs_platform.flow.breaker).
+    breaker: flow.Breaker | None = None
 
     @property
     def rate_limited(self) -> bool:
         return self.rate is not None or self.rate_key is not None
+
+    def counts_against_downstream(self, step: Step) -> bool:
+        """Whether a failed attempt (decided as ``step``) counts against the breaker: a
+        transient failure is the downstream's (down, timing out, 5xx), even on the last
+        attempt; a permanent one (a 400, a validation error) is the job's own; a 429 is the
+        downstream throttling, which the rate key's pause handles."""
+        if self.breaker is None:
+            return False
+        if isinstance(step, GiveUp) and step.outcome == "permanent":
+            return False
+        return step.status != 429
 
     def decide(self, exc: BaseException, attempt: int) -> Step:
         """What to do after attempt number ``attempt`` (1-based) raised ``exc``: the one
@@ -194,6 +212,7 @@ def resolve(
     )
     classifier = option("classifier", classify.default_classifier)
     rules.check_classifier(classifier, task=name)
+    rate_key = _rate_key(name, option("rate_limit"), option("rate_key"))
     return TaskSpec(
         name=name,
         queue=queue,
@@ -212,7 +231,7 @@ def resolve(
         unique_for_s=rules.check_unique_for(option("unique_for"), task=name),
         rng=option("rng"),
         rate=parse_rate(option("rate_limit"), task=name),
-        rate_key=_rate_key(name, option("rate_limit"), option("rate_key")),
+        rate_key=rate_key,
         concurrency=flow.concurrency(
             option("concurrency_key"), option("concurrency_limit"), task=name
         ),
@@ -220,7 +239,23 @@ def resolve(
         fairness_key=flow.fairness(
             option("fairness_key"), task=name, no_fair_queues=delivery_broker.no_fair_queues
         ),
+        breaker=_breaker(name, declared, rate_key, max_delay_s=settings.max_delay),
     )
+
+
+def _breaker(
+    name: str, declared: Mapping[str, Any], rate_key: str | None, *, max_delay_s: float
+) -> flow.Breaker | None:
+    if not any(declared.get(option) is not None for option in BREAKER_OPTIONS):
+        return None
+    threshold = declared.get("breaker_threshold", flow.BREAKER_THRESHOLD)
+    window = declared.get("breaker_window", flow.BREAKER_WINDOW_S)
+    cooldown = declared.get("breaker_cooldown", flow.BREAKER_COOLDOWN_S)
+    rules.check_breaker(
+        threshold, window, cooldown, task=name, rate_key=rate_key, max_delay_s=max_delay_s
+    )
+    assert rate_key is not None
+    return flow.Breaker(rate_key, threshold, float(window), float(cooldown))
 
 
 def _debounce(name: str, declared: Mapping[str, Any]) -> flow.Debounce | None:

@@ -285,15 +285,21 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             flow_task.release_slot(self, slot)
 
     def _attempt(self, *args: Any, **kwargs: Any) -> Any:
+        breaker = self.spec.breaker
+        probe = breaker is not None and flow_task.pass_breaker(self)  # else Ignore, deferred
         if self.spec.rate_limited:
             self._take_rate_slot()  # raises Ignore after deferring the job
         try:
-            return super().__call__(*args, **kwargs)
+            result = super().__call__(*args, **kwargs)
         except (CeleryRetry, Ignore, Reject):
+            if probe:
+                flow_task.end_probe(self)
             raise
         except Exception as exc:
             attempt = self.request.retries + 1
             step = self.spec.decide(exc, attempt)
+            if breaker is not None:
+                flow_task.breaker_failed(self, step, probe=probe)
             if isinstance(step, RetryIn):
                 self._pause_on_too_many_requests(step)
                 # Ends this attempt without frame copies (jobs_platform.cheap_retry);
@@ -301,6 +307,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 raise self._publish_retry(exc, attempt, step) from None
             self._give_up(exc, attempt, step)
             raise
+        if breaker is not None:
+            flow_task.breaker_succeeded(self)
+        return result
 
     def _take_rate_slot(self) -> None:
         """Run now if the shared limit allows (or this job's reserved slot has come); else
@@ -321,11 +330,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             headers.pop(history.RATE_SLOT_HEADER, None)  # paused: no slot is held
         else:
             headers[history.RATE_SLOT_HEADER] = grant.slot_ms
-        self._republish(
-            self.signature_from_request(
-                request, queue=self._queue_of(request), countdown=wait_s, headers=headers
-            )
-        )
+        self._defer(wait_s, headers=headers)
         DEFERRED.labels(spec.rate_key).inc()
         logger.info(
             "%s[%s] deferred %.3f s by the %s limit on %r",
@@ -337,6 +342,25 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             extra={"event": "jobs.rate.deferred", "task_name": self.name},
         )
         raise Ignore()
+
+    def _defer(self, wait_s: float, *, headers: dict[str, Any] | None = None) -> None:
+        """Re-publish the running job to come back in ``wait_s`` (at most JOBS_MAX_DELAY):
+        same id, same attempt count, same queue, so no attempt is burned; the caller then
+        raises Ignore, which frees the pool slot at once. Rate limits and breakers wait so."""
+        request = self.request
+        wait_s = min(wait_s, float(self.app.jobs_settings.max_delay))
+        # The copy is a new delivery: a lost attempt was counted by this one, and a
+        # concurrency wait's generation was claimed by it (the copy would be dropped).
+        kept = {
+            k: v
+            for k, v in ((request.headers or {}) if headers is None else headers).items()
+            if k not in (history.LOST_WORKER_HEADER, history.CONCURRENCY_GEN_HEADER)
+        }
+        self._republish(
+            self.signature_from_request(
+                request, queue=self._queue_of(request), countdown=wait_s, headers=kept
+            )
+        )
 
     def _pause_on_too_many_requests(self, step: RetryIn) -> None:
         """A 429 with Retry-After stops every worker's starts under this task's rate key."""

@@ -42,6 +42,17 @@ def task_queues(app: Any) -> list[tuple[str, str]]:
     return out
 
 
+def breaker_keys(app: Any) -> list[str]:
+    """The downstreams the app's tasks give a circuit breaker (their rate keys)."""
+    return sorted(
+        {
+            t.spec.breaker.key
+            for t in app.tasks.values()
+            if getattr(t, "spec", None) and t.spec.breaker is not None
+        }
+    )
+
+
 def label_values(app: Any) -> dict[str, list[tuple[str, ...]]]:
     """Counter sample name -> every label-value tuple to serve at 0 when none was recorded."""
     tasks = task_queues(app)
@@ -72,6 +83,8 @@ def label_values(app: Any) -> dict[str, list[tuple[str, ...]]]:
     known[names.DEAD_LETTER_WEBHOOK_REQUESTS.name] = [(o,) for o in WEBHOOK_OUTCOMES]
     known[names.DUPLICATES_SKIPPED.name] = list(itertools.product([t for t, _ in per_task], GUARDS))
     known[names.RATE_DEFERRED.name] = [(key,) for key in rate_keys]
+    for metric in (names.BREAKER_DEFERRED, names.BREAKER_OPENED):
+        known[metric.name] = [(key,) for key in breaker_keys(app)]
     for metric, option in (
         (names.CONCURRENCY_WAITED, "concurrency"),
         (names.DEBOUNCE_COLLAPSED, "debounce"),
