@@ -39,6 +39,7 @@ from prometheus_client.registry import Collector
 
 from jobs_platform import brokers
 from jobs_platform.clock import as_utc, unix_time
+from jobs_platform.coordination.lease import text
 from jobs_platform.db import engine_for
 from jobs_platform.deadletter.model import REASONS, STATUSES
 from jobs_platform.deadletter.store import TABLE
@@ -268,7 +269,7 @@ def _breaker_states(client: Any, keys: tuple[str, ...]) -> Metric:
     for key in keys:
         pipe.hget(breaker.state_key(key), "state")
     for key, state in zip(keys, pipe.execute(), strict=True):
-        name = "closed" if state is None else state.decode(errors="replace")
+        name = "closed" if state is None else text(state)
         family.add_metric([key], float(breaker.STATE_VALUES.get(name, 0)))
     return family
 

@@ -17,6 +17,7 @@ from typing import Any
 from jobs_platform import cheap_retry
 from jobs_platform.deadletter.metrics import POISON_LABEL
 from jobs_platform.deadletter.model import REASONS
+from jobs_platform.flow.state import declared_breakers
 from jobs_platform.metrics import names
 
 #: ``jobs_dead_letter_write_failures_total{stage}`` (jobs_platform.deadletter.metrics).
@@ -40,17 +41,6 @@ def task_queues(app: Any) -> list[tuple[str, str]]:
             queue = router.queue_for(name)
         out.append((name, str(queue or default)))
     return out
-
-
-def breaker_keys(app: Any) -> list[str]:
-    """The downstreams the app's tasks give a circuit breaker (their rate keys)."""
-    return sorted(
-        {
-            t.spec.breaker.key
-            for t in app.tasks.values()
-            if getattr(t, "spec", None) and t.spec.breaker is not None
-        }
-    )
 
 
 def label_values(app: Any) -> dict[str, list[tuple[str, ...]]]:
@@ -84,7 +74,7 @@ def label_values(app: Any) -> dict[str, list[tuple[str, ...]]]:
     known[names.DUPLICATES_SKIPPED.name] = list(itertools.product([t for t, _ in per_task], GUARDS))
     known[names.RATE_DEFERRED.name] = [(key,) for key in rate_keys]
     for metric in (names.BREAKER_DEFERRED, names.BREAKER_OPENED):
-        known[metric.name] = [(key,) for key in breaker_keys(app)]
+        known[metric.name] = [(key,) for key in declared_breakers(app)]
     for metric, option in (
         (names.CONCURRENCY_WAITED, "concurrency"),
         (names.DEBOUNCE_COLLAPSED, "debounce"),

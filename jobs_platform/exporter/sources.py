@@ -17,6 +17,7 @@ from typing import Any
 
 from jobs_platform import coordination
 from jobs_platform.exporter import known
+from jobs_platform.flow.state import declared_breakers
 from jobs_platform.metrics import counters
 from jobs_platform.schedule.state import SKIPPED_KEY, TICKS_KEY
 
@@ -57,6 +58,6 @@ class Sources:
             beat_ticks_key=TICKS_KEY,
             beat_skipped_key=SKIPPED_KEY,
             worker_late_s=WORKER_LATE_INTERVALS * interval + WORKER_LATE_SLACK_S,
-            breaker_keys=tuple(known.breaker_keys(app)),
+            breaker_keys=tuple(declared_breakers(app)),
             known=known.label_values(app),
         )

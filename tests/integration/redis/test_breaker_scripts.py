@@ -141,3 +141,16 @@ def test_a_dead_probes_claim_runs_out_and_another_job_probes(redis_url: str) -> 
     # A probe that ends saying nothing of the downstream (a permanent error) gives it up.
     brk.release_probe(spec, "takes-over")
     assert brk.admit(spec, "third", probe_ttl_s=10).probe
+
+
+def test_health_warns_of_an_open_breaker_and_passes_when_closed(redis_url: str) -> None:
+    from jobs_platform.health import checks
+
+    spec = Breaker(f"partner-{uuid.uuid4().hex[:6]}", threshold=1, window_s=60, cooldown_s=30)
+    brk = breakers(redis_url)
+    closed = checks.breakers(brk.client, [spec.key])
+    assert closed.ok and not closed.warn and "all closed" in closed.detail
+    opened(brk, spec)
+    check = checks.breakers(brk.client, [spec.key])
+    assert check.ok and check.warn
+    assert f"{spec.key} open (next probe in" in check.detail
