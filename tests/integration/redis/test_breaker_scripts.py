@@ -148,8 +148,9 @@ def test_health_warns_of_an_open_breaker_and_passes_when_closed(redis_url: str) 
 
     spec = Breaker(f"partner-{uuid.uuid4().hex[:6]}", threshold=1, window_s=60, cooldown_s=30)
     brk = breakers(redis_url)
+    # (Other tests' breakers on this Redis are listed too: a job asked for their keys.)
     closed = checks.breakers(brk.client, [spec.key])
-    assert closed.ok and not closed.warn and "all closed" in closed.detail
+    assert closed.ok and spec.key not in closed.detail
     opened(brk, spec)
     check = checks.breakers(brk.client, [spec.key])
     assert check.ok and check.warn
