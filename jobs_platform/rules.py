@@ -314,6 +314,43 @@ def check_declared_upcast(upcast: Any, *, version: int, task: str) -> dict[int, 
     return dict(upcast)
 
 
+def check_breaker(
+    threshold: Any,
+    window_s: Any,
+    cooldown_s: Any,
+    *,
+    task: str,
+    rate_key: str | None,
+    max_delay_s: float,
+) -> None:
+    """The circuit-breaker options: whole failures >= 1, seconds > 0, a downstream to count
+    them against (the ``rate_key``), and a cool-down no longer than JOBS_MAX_DELAY (a
+    deferred job waits it out in one countdown)."""
+    if rate_key is None:
+        raise ConfigError(
+            f"task {task!r}: the circuit breaker counts failures per downstream; name it with "
+            "rate_key='partner-x' (the key rate limits use)"
+        )
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
+        raise ConfigError(
+            f"task {task!r}: breaker_threshold is a whole number of failures >= 1, "
+            f"got {threshold!r}"
+        )
+    for name, value in (("breaker_window", window_s), ("breaker_cooldown", cooldown_s)):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise ConfigError(f"task {task!r}: {name} is a number of seconds > 0, got {value!r}")
+    if cooldown_s > max_delay_s:
+        raise ConfigError(
+            f"task {task!r}: breaker_cooldown {cooldown_s:g} s is longer than JOBS_MAX_DELAY "
+            f"({max_delay_s:g} s): a deferred job waits out the cool-down in one countdown"
+        )
+
+
 def check_task_limits(
     task: str,
     *,

@@ -55,8 +55,13 @@ OPTIONS = frozenset(
         "fairness_key",
         "version",
         "upcast",
+        "breaker_threshold",
+        "breaker_window",
+        "breaker_cooldown",
     }
 )
+#: Declaring any of these gives the task's ``rate_key`` a circuit breaker.
+BREAKER_OPTIONS = ("breaker_threshold", "breaker_window", "breaker_cooldown")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +115,23 @@ class TaskSpec:
     fairness_key: flow.KeyFunction | None = None
     #: The payload version and its upcasters (jobs_platform.versions).
     versions: Versions = dataclasses.field(default_factory=Versions)
+    #: The circuit breaker of ``rate_key`` (jobs_platform.flow.breaker).
+    breaker: flow.Breaker | None = None
 
     @property
     def rate_limited(self) -> bool:
         return self.rate is not None or self.rate_key is not None
+
+    def counts_against_downstream(self, step: Step) -> bool:
+        """Whether a failed attempt (decided as ``step``) counts against the breaker: a
+        transient failure is the downstream's (down, timing out, 5xx), even on the last
+        attempt; a permanent one (a 400, a validation error) is the job's own; a 429 is the
+        downstream throttling, which the rate key's pause handles."""
+        if self.breaker is None:
+            return False
+        if isinstance(step, GiveUp) and step.outcome == "permanent":
+            return False
+        return step.status != 429
 
     def decide(self, exc: BaseException, attempt: int) -> Step:
         """What to do after attempt number ``attempt`` (1-based) raised ``exc``: the one
@@ -199,6 +217,7 @@ def resolve(
     )
     classifier = option("classifier", classify.default_classifier)
     rules.check_classifier(classifier, task=name)
+    rate_key = _rate_key(name, option("rate_limit"), option("rate_key"))
     return TaskSpec(
         name=name,
         queue=queue,
@@ -217,7 +236,7 @@ def resolve(
         unique_for_s=rules.check_unique_for(option("unique_for"), task=name),
         rng=option("rng"),
         rate=parse_rate(option("rate_limit"), task=name),
-        rate_key=_rate_key(name, option("rate_limit"), option("rate_key")),
+        rate_key=rate_key,
         concurrency=flow.concurrency(
             option("concurrency_key"), option("concurrency_limit"), task=name
         ),
@@ -226,6 +245,7 @@ def resolve(
             option("fairness_key"), task=name, no_fair_queues=delivery_broker.no_fair_queues
         ),
         versions=_versions(name, declared),
+        breaker=_breaker(name, declared, rate_key, max_delay_s=settings.max_delay),
     )
 
 
@@ -234,6 +254,21 @@ def _versions(name: str, declared: Mapping[str, Any]) -> Versions:
     return Versions(
         version, rules.check_declared_upcast(declared.get("upcast"), version=version, task=name)
     )
+
+
+def _breaker(
+    name: str, declared: Mapping[str, Any], rate_key: str | None, *, max_delay_s: float
+) -> flow.Breaker | None:
+    if not any(declared.get(option) is not None for option in BREAKER_OPTIONS):
+        return None
+    threshold = declared.get("breaker_threshold", flow.BREAKER_THRESHOLD)
+    window = declared.get("breaker_window", flow.BREAKER_WINDOW_S)
+    cooldown = declared.get("breaker_cooldown", flow.BREAKER_COOLDOWN_S)
+    rules.check_breaker(
+        threshold, window, cooldown, task=name, rate_key=rate_key, max_delay_s=max_delay_s
+    )
+    assert rate_key is not None
+    return flow.Breaker(rate_key, threshold, float(window), float(cooldown))
 
 
 def _debounce(name: str, declared: Mapping[str, Any]) -> flow.Debounce | None:

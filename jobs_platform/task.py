@@ -246,17 +246,6 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         with dispatch.unchecked():  # its arguments may be of another payload version
             return celery.Task.apply_async(self, signature.args, signature.kwargs, **options)
 
-    def _defer(self, wait_s: float, headers: dict[str, Any]) -> None:
-        """Publish this delivery again to come back in ``wait_s`` seconds (same id, same
-        attempt: none is burned) with ``headers``; the caller then raises Ignore, which frees
-        the pool slot at once. Rate limits and payload versions defer this way."""
-        request = self.request
-        self._republish(
-            self.signature_from_request(
-                request, queue=self._queue_of(request), countdown=wait_s, headers=headers
-            )
-        )
-
     def delay_many(self, calls: Iterable[Any]) -> list[Any]:
         """``[self.delay(*c) for c in calls]`` (a dict ``c`` is keyword arguments), checked
         first and published through one connection in pipelined chunks (jobs_platform.bulk).
@@ -320,15 +309,21 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             flow_task.release_slot(self, slot)
 
     def _attempt(self, *args: Any, **kwargs: Any) -> Any:
+        breaker = self.spec.breaker
+        probe = breaker is not None and flow_task.pass_breaker(self)  # else Ignore, deferred
         if self.spec.rate_limited:
             self._take_rate_slot()  # raises Ignore after deferring the job
         try:
-            return super().__call__(*args, **kwargs)
+            result = super().__call__(*args, **kwargs)
         except (CeleryRetry, Ignore, Reject):
+            if probe:
+                flow_task.end_probe(self)
             raise
         except Exception as exc:
             attempt = self.request.retries + 1
             step = self.spec.decide(exc, attempt)
+            if breaker is not None:
+                flow_task.breaker_failed(self, step, probe=probe)
             if isinstance(step, RetryIn):
                 self._pause_on_too_many_requests(step)
                 # Ends this attempt without frame copies (jobs_platform.cheap_retry);
@@ -336,6 +331,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
                 raise self._publish_retry(exc, attempt, step) from None
             self._give_up(exc, attempt, step)
             raise
+        if breaker is not None:
+            flow_task.breaker_succeeded(self)
+        return result
 
     def _take_rate_slot(self) -> None:
         """Run now if the shared limit allows (or this job's reserved slot has come); else
@@ -356,7 +354,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             headers.pop(history.RATE_SLOT_HEADER, None)  # paused: no slot is held
         else:
             headers[history.RATE_SLOT_HEADER] = grant.slot_ms
-        self._defer(wait_s, headers)
+        self._defer(wait_s, headers=headers)
         DEFERRED.labels(spec.rate_key).inc()
         logger.info(
             "%s[%s] deferred %.3f s by the %s limit on %r",
@@ -368,6 +366,25 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             extra={"event": "jobs.rate.deferred", "task_name": self.name},
         )
         raise Ignore()
+
+    def _defer(self, wait_s: float, *, headers: dict[str, Any] | None = None) -> None:
+        """Re-publish the running job to come back in ``wait_s`` (at most JOBS_MAX_DELAY):
+        same id, same attempt count, same queue, so no attempt is burned; the caller then
+        raises Ignore, which frees the pool slot at once. Rate limits and breakers wait so."""
+        request = self.request
+        wait_s = min(wait_s, float(self.app.jobs_settings.max_delay))
+        # The copy is a new delivery: a lost attempt was counted by this one, and a
+        # concurrency wait's generation was claimed by it (the copy would be dropped).
+        kept = {
+            k: v
+            for k, v in ((request.headers or {}) if headers is None else headers).items()
+            if k not in (history.LOST_WORKER_HEADER, history.CONCURRENCY_GEN_HEADER)
+        }
+        self._republish(
+            self.signature_from_request(
+                request, queue=self._queue_of(request), countdown=wait_s, headers=kept
+            )
+        )
 
     def _screen_version(self, args: Any, kwargs: Any) -> tuple[Any, Any]:
         """The arguments of this task's payload version (an older payload upcast); a newer
@@ -394,7 +411,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             raise
         if isinstance(step, versions.Run):
             return step.args, step.kwargs
-        self._defer(step.wait_s, step.headers)
+        self._defer(step.wait_s, headers=step.headers)
         logger.info(
             "%s[%s] payload of version %d is newer than this worker's version %d: deferred "
             "%.1f s for an upgraded worker",

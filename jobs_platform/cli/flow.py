@@ -2,13 +2,14 @@
 
 ``list`` prints one row per key: each concurrency key a job asked for lately (its limit,
 running and waiting jobs), each rate key the app's tasks name (its rate, a pause in
-force), each open debounce window (its run's id, dispatches collapsed, when it is
-due) and each fairness key with jobs waiting on a queue (its backlog and place in the
+force), each circuit breaker (its state, failures in a row inside its window, when it opened,
+when a job may probe), each open debounce window (its run's id, dispatches collapsed, when
+it is due) and each fairness key with jobs waiting on a queue (its backlog and place in the
 rotation, read from the broker). ``show KEY`` prints everything about one key: the jobs
-holding its slots, those waiting (oldest first), its rate pause, its open windows, its
-fair backlog per queue. ``--json`` prints JSON Lines on
-stdout (``show``: one object). Exit codes: 0 done, 1 nothing known of the key or Redis did
-not answer, 2 usage error. There is no circuit breaker yet, so no breaker state.
+holding its slots, those waiting (oldest first), its rate pause, its breaker, its open
+windows, its fair backlog per queue. ``--json`` prints JSON Lines on stdout (``show``: one
+object). Exit codes: 0 done, 1 nothing known of the key or Redis did not answer, 2 usage
+error.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from jobs_platform import brokers, coordination
 from jobs_platform.cli import render
 from jobs_platform.cli.options import json_option
 from jobs_platform.flow import state
+from jobs_platform.flow.breaker import Reading
 
 
 def _client(app: Any) -> Any:
@@ -76,6 +78,8 @@ def _rows(app: Any, client: Any) -> list[dict[str, Any]]:
                 "paused_for_s": rate.paused_for_s,
             }
         )
+    for reading in state.breakers(client, state.declared_breakers(app)):
+        rows.append(_breaker_row(reading))
     for window in state.windows(client):
         rows.append({"kind": "debounce", **dataclasses.asdict(window)})
     for found in _fair_keys(app):
@@ -83,7 +87,38 @@ def _rows(app: Any, client: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _breaker_row(reading: Reading) -> dict[str, Any]:
+    return {
+        "kind": "breaker",
+        **dataclasses.asdict(reading),
+        "limit": None if reading.threshold is None else f"{reading.threshold} failures",
+    }
+
+
+def breaker_text(row: dict[str, Any]) -> str:
+    """One line of a breaker: its state, failures, when it opened, when a job may probe."""
+    state_name = str(row["state"]).replace("_", "-")
+    if row["state"] == "closed":
+        window = f" in {row['window_s']:g} s" if row["window_s"] else ""
+        of = f" of {row['threshold']}" if row["threshold"] else ""
+        return f"closed, {row['failures']}{of} failures in a row{window}"
+    opened = f", opened at {_clock(row['opened_at'])}" if row["opened_at"] else ""
+    if row["state"] == "open":
+        probe = row["next_probe_in_s"]
+        return f"{state_name}{opened}, next probe in {probe:.1f} s"
+    who = f"probe {row['probe']} running" if row["probe"] else "waiting for a probe"
+    return f"{state_name}{opened}, {who}"
+
+
+def _clock(unix: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(unix, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _state_text(row: dict[str, Any]) -> str:
+    if row["kind"] == "breaker":
+        return breaker_text(row)
     if row["kind"] == "rate":
         return f"paused {row['paused_for_s']:.1f} s" if row["paused_for_s"] else "-"
     if row["kind"] == "fairness":
@@ -96,7 +131,9 @@ def _state_text(row: dict[str, Any]) -> str:
     return "-"
 
 
-@click.group(help="Flow control: concurrency keys, rate keys, debounce windows, fairness.")
+@click.group(
+    help="Flow control: concurrency keys, rate keys, breakers, debounce windows, fairness."
+)
 def flow() -> None:
     """The ``flow`` commands."""
 
@@ -139,12 +176,14 @@ def _shown(app: Any, client: Any, key: str) -> dict[str, Any] | None:
     rates = state.rate_keys(client, {k: v for k, v in _declared_rates(app).items() if k == key})
     windows = state.windows(client, only=key)
     fair = _fair_keys(app, only=key)
-    if conc is None and not rates and not windows and not fair:
+    breakers = state.breakers(client, state.declared_breakers(app), only=key)
+    if conc is None and not rates and not windows and not fair and not breakers:
         return None
     return {
         "key": key,
         "concurrency": None if conc is None else dataclasses.asdict(conc),
         "rate": dataclasses.asdict(rates[0]) if rates else None,
+        "breaker": _breaker_row(breakers[0]) if breakers else None,
         "debounce": [dataclasses.asdict(w) for w in windows],
         "fairness": [{k: v for k, v in f.items() if k != "key"} for f in fair],
     }
@@ -155,7 +194,8 @@ def _shown(app: Any, client: Any, key: str) -> dict[str, Any] | None:
 @json_option
 @click.pass_context
 def show(ctx: click.Context, key: str, as_json: bool) -> None:
-    """Everything about KEY: slot holders, waiters (oldest first), rate pause, windows."""
+    """Everything about KEY: slot holders, waiters (oldest first), rate pause, breaker,
+    windows."""
     app = ctx.obj.app
     shown = _shown(app, _client(app), key)
     if shown is None:
@@ -183,6 +223,15 @@ def show(ctx: click.Context, key: str, as_json: bool) -> None:
             f"rate: {', '.join(rate['rates']) or 'no rate (pauses only)'} for "
             f"{', '.join(rate['tasks'])}{paused}"
         )
+    if shown["breaker"] is not None:
+        echo(f"breaker: {breaker_text(shown['breaker'])}")
+        row = shown["breaker"]
+        if row["threshold"]:
+            echo(
+                f"  opens after {row['threshold']} failures in a row within "
+                f"{row['window_s']:g} s; cool-down {row['cooldown_s']:g} s; opened "
+                f"{row['opens']} time(s)"
+            )
     for found in shown["fairness"]:
         echo(
             f"fairness (queue {found['queue']}): {found['backlog']} waiting, "

@@ -1,7 +1,8 @@
 """``celery -A APP health [--queue Q] [--check NAME] [--json] [--timeout S]``.
 
 Exit 0 only when every selected check passes, 1 otherwise (2: usage error). One line per
-check, ``ok``/``FAIL name: detail``, and a summary line; ``--json`` prints one object with
+check, ``ok``/``WARN``/``FAIL name: detail`` (a WARN passes: an open circuit breaker), and
+a summary line; ``--json`` prints one object with
 every check instead. Never a traceback: usable as a container health check as is
 (docs/health.md has one per service).
 """
@@ -62,6 +63,7 @@ def health(
     beat       beat has ticked recently (when the app has a beat schedule)
     spool      no dead letter is stuck in the spool (database writes failing)
     backlog    each queue's oldest waiting job is younger than its objective
+    breakers   every circuit breaker closed (an open one is a WARN line, exit 0)
     """
     app = ctx.obj.app
     if getattr(app, "jobs_settings", None) is None:
@@ -89,10 +91,13 @@ def health(
         )
     else:
         for check in results:
-            click.echo(f"{'ok' if check.ok else 'FAIL':<4} {check.name}: {check.detail}")
+            label = "FAIL" if not check.ok else "WARN" if check.warn else "ok"
+            click.echo(f"{label:<4} {check.name}: {check.detail}")
         failed = sum(not check.ok for check in results)
+        warned = sum(check.ok and check.warn for check in results)
         if healthy:
-            click.echo(f"healthy: {len(results)} checks passed in {elapsed:.2f} s")
+            also = f" ({warned} with a warning)" if warned else ""
+            click.echo(f"healthy: {len(results)} checks passed{also} in {elapsed:.2f} s")
         else:
             click.echo(f"UNHEALTHY: {failed} of {len(results)} checks failed ({elapsed:.2f} s)")
     ctx.exit(0 if healthy else 1)

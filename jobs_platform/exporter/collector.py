@@ -8,7 +8,8 @@ Per scrape:
   ``ZRANGE``, ``HMGET`` of at most ``INFLIGHT_SCAN_LIMIT`` entries; ``ZCARD`` and
   ``ZRANGE 0 0 WITHSCORES`` of the store);
 - Redis, one pipeline: the counters hash (``HGETALL``, one field per series), the
-  live-workers hash, the spool lists (``LLEN``) and beat's ticks (``HGETALL``);
+  live-workers hash, the spool lists (``LLEN``) and beat's ticks (``HGETALL``); then one
+  ``HGET`` per declared circuit breaker (``jobs_breaker_state``);
 - the database, one query: ``SELECT status, reason, count(*), max(failed_at) ... GROUP BY
   status, reason`` over the dead-letter table, and one over the outbox's unpublished rows
   (``count(*), min(created_at)``, through its partial index; source ``outbox``).
@@ -38,10 +39,12 @@ from prometheus_client.registry import Collector
 
 from jobs_platform import brokers
 from jobs_platform.clock import as_utc, unix_time
+from jobs_platform.coordination.lease import text
 from jobs_platform.db import engine_for
 from jobs_platform.deadletter.model import REASONS, STATUSES
 from jobs_platform.deadletter.store import TABLE
 from jobs_platform.exporter.sources import Sources
+from jobs_platform.flow import breaker
 from jobs_platform.metrics import counters, keys, names
 from jobs_platform.outbox.upkeep import backlog
 
@@ -155,6 +158,7 @@ class JobsCollector(Collector):
             families.append(_gauge(names.DELAYED_NEXT_DUE, due))  # no sample when empty
         families.append(_beat_ticks(ticks))
         families.append(_beat_skipped(skipped))
+        families.append(_breaker_states(client, src.breaker_keys))
         return families
 
     def _queue_families(self, now: float) -> list[Metric]:
@@ -253,6 +257,20 @@ def _beat_skipped(skipped: dict[bytes, bytes]) -> Metric:
         reason, _, entry = field.decode(errors="replace").partition(":")
         if entry:
             family.add_metric([entry, reason], float(count))
+    return family
+
+
+def _breaker_states(client: Any, keys: tuple[str, ...]) -> Metric:
+    """Each declared breaker's state: one HGET per key (an unknown key is closed)."""
+    family = _gauge(names.BREAKER_STATE)
+    if not keys:
+        return family
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hget(breaker.state_key(key), "state")
+    for key, state in zip(keys, pipe.execute(), strict=True):
+        name = "closed" if state is None else text(state)
+        family.add_metric([key], float(breaker.STATE_VALUES.get(name, 0)))
     return family
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from jobs_platform import cheap_retry
 from jobs_platform.deadletter.metrics import POISON_LABEL
 from jobs_platform.deadletter.model import REASONS
+from jobs_platform.flow.state import declared_breakers
 from jobs_platform.metrics import names
 
 #: ``jobs_dead_letter_write_failures_total{stage}`` (jobs_platform.deadletter.metrics).
@@ -72,6 +73,8 @@ def label_values(app: Any) -> dict[str, list[tuple[str, ...]]]:
     known[names.DEAD_LETTER_WEBHOOK_REQUESTS.name] = [(o,) for o in WEBHOOK_OUTCOMES]
     known[names.DUPLICATES_SKIPPED.name] = list(itertools.product([t for t, _ in per_task], GUARDS))
     known[names.RATE_DEFERRED.name] = [(key,) for key in rate_keys]
+    for metric in (names.BREAKER_DEFERRED, names.BREAKER_OPENED):
+        known[metric.name] = [(key,) for key in declared_breakers(app)]
     for metric, option in (
         (names.CONCURRENCY_WAITED, "concurrency"),
         (names.DEBOUNCE_COLLAPSED, "debounce"),

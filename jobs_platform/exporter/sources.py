@@ -5,7 +5,8 @@
 - on the coordination Redis: the counters and live-workers hashes the workers write
   (:mod:`jobs_platform.metrics.keys`), the dead-letter spool (``JOBS_DLQ_SPOOL_KEY``) and
   its ``:rejected`` / ``:unreadable`` side lists (:mod:`jobs_platform.deadletter.spool`),
-  beat's ticks and skip counts (:mod:`jobs_platform.schedule.state`);
+  beat's ticks and skip counts (:mod:`jobs_platform.schedule.state`), each breaker's
+  state (:mod:`jobs_platform.flow.breaker`);
 - the dead-letter table and the outbox (``JOBS_DATABASE_URL``).
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 
 from jobs_platform import coordination
 from jobs_platform.exporter import known
+from jobs_platform.flow.state import declared_breakers
 from jobs_platform.metrics import counters
 from jobs_platform.schedule.state import SKIPPED_KEY, TICKS_KEY
 
@@ -38,6 +40,8 @@ class Sources:
     beat_ticks_key: str
     beat_skipped_key: str
     worker_late_s: float
+    #: The downstreams with a circuit breaker (``jobs_breaker_state``, 0 until one opens).
+    breaker_keys: tuple[str, ...] = ()
     #: Counter sample -> label values served at 0 until recorded (:mod:`.known`).
     known: dict[str, list[tuple[str, ...]]] = dataclasses.field(default_factory=dict)
 
@@ -54,5 +58,6 @@ class Sources:
             beat_ticks_key=TICKS_KEY,
             beat_skipped_key=SKIPPED_KEY,
             worker_late_s=WORKER_LATE_INTERVALS * interval + WORKER_LATE_SLACK_S,
+            breaker_keys=tuple(declared_breakers(app)),
             known=known.label_values(app),
         )

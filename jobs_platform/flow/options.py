@@ -122,3 +122,22 @@ def key_of(
     if not isinstance(key, str) or not key:
         raise error(f"task {task!r}: {option} must return a non-empty str, got {key!r}")
     return key
+
+
+#: The breaker's defaults (``docs/flow-control.md``): this many transient failures of the
+#: downstream in a row, inside this many seconds, open it for the cool-down.
+BREAKER_THRESHOLD = 5
+BREAKER_WINDOW_S = 60.0
+BREAKER_COOLDOWN_S = 30.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Breaker:
+    """The circuit breaker of a task's ``rate_key``: ``threshold`` transient failures in a
+    row inside ``window_s`` open it; after ``cooldown_s`` one probe job closes or re-opens
+    it (:mod:`jobs_platform.flow.breaker`)."""
+
+    key: str
+    threshold: int = BREAKER_THRESHOLD
+    window_s: float = BREAKER_WINDOW_S
+    cooldown_s: float = BREAKER_COOLDOWN_S

@@ -1,5 +1,6 @@
 """What ``celery -A APP flow`` shows: each key's limit, running and waiting jobs, rate
-pauses and open debounce windows, read from the coordination Redis (no Celery).
+pauses, circuit breakers and open debounce windows, read from the coordination Redis (no
+Celery).
 
 The keys come from two registries the scripts keep (``jobs:flow:conc:keys`` and
 ``jobs:flow:debounce:windows``), so reading costs a few round trips per key, never a scan
@@ -14,7 +15,7 @@ import json
 from typing import Any
 
 from jobs_platform.coordination.lease import text
-from jobs_platform.flow import concurrency, debounce
+from jobs_platform.flow import breaker, concurrency, debounce
 from jobs_platform.ratelimit import pause_key
 
 
@@ -140,3 +141,21 @@ def rate_keys(client: Any, declared: dict[str, list[tuple[str, str | None]]]) ->
             )
         )
     return found
+
+
+def breakers(client: Any, declared: list[str], *, only: str | None = None) -> list[breaker.Reading]:
+    """Each breaker the app's tasks declare (``declared``) or a job asked for lately."""
+    now = _now_ms(client)
+    keys = sorted(set(declared) | set(breaker.known_keys(client)))
+    return [breaker.read(client, key, now) for key in keys if only is None or key == only]
+
+
+def declared_breakers(app: Any) -> list[str]:
+    """The downstreams an app's tasks give a circuit breaker (their rate keys)."""
+    return sorted(
+        {
+            task.spec.breaker.key
+            for task in app.tasks.values()
+            if getattr(task, "spec", None) is not None and task.spec.breaker is not None
+        }
+    )

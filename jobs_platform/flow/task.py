@@ -21,7 +21,7 @@ from kombu.utils.json import dumps, loads
 from jobs_platform import coordination, dispatch
 from jobs_platform.brokers.interface import FAIRNESS_HEADER
 from jobs_platform.errors import DispatchError
-from jobs_platform.flow import concurrency, debounce
+from jobs_platform.flow import breaker, concurrency, debounce
 from jobs_platform.flow.options import key_of
 from jobs_platform.metrics import names
 from jobs_platform.metrics.counters import RecordedCounter
@@ -30,6 +30,8 @@ logger = logging.getLogger("jobs_platform.flow")
 
 WAITED = RecordedCounter(names.CONCURRENCY_WAITED)
 COLLAPSED = RecordedCounter(names.DEBOUNCE_COLLAPSED)
+BREAKER_DEFERRED = RecordedCounter(names.BREAKER_DEFERRED)
+BREAKER_OPENED = RecordedCounter(names.BREAKER_OPENED)
 
 Slot = tuple[str, str]
 
@@ -214,3 +216,108 @@ def end_debounce_trigger(task: Any) -> None:
             )
         )
     raise Ignore()
+
+
+# -- circuit breaker ---------------------------------------------------------------------------
+
+
+def pass_breaker(task: Any) -> bool:
+    """Whether this job may call its downstream now (True: as the half-open breaker's
+    probe). Else it is deferred (same id, same attempt: ReliableTask._defer, as a rate limit
+    defers) until the breaker may let it through, and Ignore ends this delivery."""
+    spec = task.spec
+    request = task.request
+    admitted = breaker.breakers_for(_url(task)).admit(
+        spec.breaker, request.id, probe_ttl_s=spec.time_limit_s + breaker.PROBE_SLACK_S
+    )
+    if admitted.run:
+        if admitted.probe:
+            logger.info(
+                "%s[%s] probes %r (the breaker is half-open)",
+                task.name,
+                request.id,
+                spec.breaker.key,
+                extra={"event": "jobs.breaker.probe", "task_name": task.name},
+            )
+        return admitted.probe
+    task._defer(admitted.wait_s)
+    BREAKER_DEFERRED.labels(spec.breaker.key).inc()
+    logger.info(
+        "%s[%s] deferred %.1f s: the breaker of %r is %s",
+        task.name,
+        request.id,
+        admitted.wait_s,
+        spec.breaker.key,
+        admitted.state.replace("_", "-"),
+        extra={"event": "jobs.breaker.deferred", "task_name": task.name},
+    )
+    raise Ignore()
+
+
+def breaker_failed(task: Any, step: Any, *, probe: bool) -> None:
+    """Count this attempt's failure against the downstream when it is the downstream's
+    (``TaskSpec.counts_against_downstream``); a probe failing otherwise gives its claim up."""
+    spec = task.spec
+    request = task.request
+    breakers = breaker.breakers_for(_url(task))
+    try:
+        if not spec.counts_against_downstream(step):
+            if probe:
+                breakers.release_probe(spec.breaker, request.id)
+            return
+        failure = breakers.failed(
+            spec.breaker, request.id, f"{request.id}:{request.retries}:{uuid.uuid4().hex[:8]}"
+        )
+    except Exception:
+        # The job's own retry goes on; the breaker only misses one failure.
+        logger.exception(
+            "jobs.breaker.record_failed: a failure of %r was not counted",
+            spec.breaker.key,
+            extra={"event": "jobs.breaker.record_failed"},
+        )
+        return
+    if failure.opened:
+        BREAKER_OPENED.labels(spec.breaker.key).inc()
+        logger.warning(
+            "jobs.breaker.opened: the breaker of %r opened (%s of %s[%s]); jobs of the key "
+            "wait %.0f s, then one probes",
+            spec.breaker.key,
+            "the probe's failure" if probe else f"{spec.breaker.threshold} failures in a row",
+            task.name,
+            request.id,
+            spec.breaker.cooldown_s,
+            extra={"event": "jobs.breaker.opened", "task_name": task.name},
+        )
+
+
+def breaker_succeeded(task: Any) -> None:
+    """A success of the downstream: ends a run of failures; the probe's closes the breaker."""
+    spec = task.spec
+    try:
+        closed = breaker.breakers_for(_url(task)).succeeded(spec.breaker, task.request.id)
+    except Exception:
+        logger.exception(
+            "jobs.breaker.record_failed: a success of %r was not recorded",
+            spec.breaker.key,
+            extra={"event": "jobs.breaker.record_failed"},
+        )
+        return
+    if closed:
+        logger.warning(
+            "jobs.breaker.closed: the probe %s[%s] succeeded; the breaker of %r is closed",
+            task.name,
+            task.request.id,
+            spec.breaker.key,
+            extra={"event": "jobs.breaker.closed", "task_name": task.name},
+        )
+
+
+def end_probe(task: Any) -> None:
+    """A probe that ended without an outcome (Ignore, Retry, Reject) gives its claim up."""
+    try:
+        breaker.breakers_for(_url(task)).release_probe(task.spec.breaker, task.request.id)
+    except Exception:
+        logger.exception(
+            "jobs.breaker.release_failed: the probe's claim runs out instead",
+            extra={"event": "jobs.breaker.release_failed"},
+        )

@@ -22,6 +22,8 @@ from jobs_platform.brokers.interface import QueueState
 from jobs_platform.coordination import lease
 from jobs_platform.deadletter import spool as spool_keys
 from jobs_platform.deadletter.record import parse_time
+from jobs_platform.flow import state as flow_state
+from jobs_platform.flow.breaker import Reading
 from jobs_platform.urls import masked
 
 #: Beat may be this late on top of twice its expected tick gap (start-up, a slow Redis).
@@ -40,11 +42,14 @@ class Check:
     ok: bool
     detail: str
     elapsed_s: float = 0.0
+    #: Passing, but a person should know (an open circuit breaker): printed ``WARN``.
+    warn: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "ok": self.ok,
+            "warn": self.warn,
             "detail": self.detail,
             "elapsed_s": round(self.elapsed_s, 4),
         }
@@ -386,3 +391,38 @@ def backlog(
         ok, detail = backlog_verdict(states[queue], moment, goals[queue])
         out.append(Check(f"backlog:{queue}", ok, detail, time.monotonic() - start))
     return out
+
+
+# -- 8. circuit breakers -----------------------------------------------------------------------
+
+
+def breakers_verdict(readings: Sequence[Reading]) -> tuple[bool, str]:
+    """``(warn, detail)``: a breaker open or half-open is a warning, not a failure. The
+    platform is doing its job (the downstream is down, its jobs wait without burning
+    attempts); failing health would restart workers that are fine."""
+    if not readings:
+        return False, "no circuit breaker declared"
+    tripped = [r for r in readings if r.state != "closed"]
+    if not tripped:
+        return False, f"{len(readings)} breaker(s), all closed"
+    parts = []
+    for reading in tripped:
+        if reading.state == "open":
+            probe = reading.next_probe_in_s or 0.0
+            parts.append(f"{reading.key} open (next probe in {_age(probe)})")
+        else:
+            parts.append(f"{reading.key} half-open (probe {reading.probe or 'not started'})")
+    return True, (
+        f"{len(tripped)} of {len(readings)} breaker(s) not closed: {'; '.join(parts)}: their "
+        "jobs wait (ops/runbooks/breaker-open.md)"
+    )
+
+
+def breakers(client: redis.Redis, declared: Sequence[str]) -> Check:
+    """Every breaker the app declares or a job asked for lately (``flow list``'s reading)."""
+    start = time.monotonic()
+    try:
+        warn, detail = breakers_verdict(flow_state.breakers(client, list(declared)))
+    except Exception as exc:
+        return Check("breakers", False, one_line(describe_error(exc)), time.monotonic() - start)
+    return Check("breakers", True, one_line(detail), time.monotonic() - start, warn=warn)

@@ -20,6 +20,7 @@ import redis
 
 from jobs_platform import coordination
 from jobs_platform.clock import utcnow
+from jobs_platform.flow.state import declared_breakers
 from jobs_platform.health import canary, checks
 from jobs_platform.health.checks import Check
 from jobs_platform.health.keys import beat_ticks_key
@@ -27,11 +28,11 @@ from jobs_platform.health.keys import beat_ticks_key
 T = TypeVar("T")
 
 #: The checks, in the order they are reported.
-CHECKS = ("broker", "database", "consumers", "canary", "beat", "spool", "backlog")
+CHECKS = ("broker", "database", "consumers", "canary", "beat", "spool", "backlog", "breakers")
 #: Checks made once per selected queue (``--queue`` restricts them).
 PER_QUEUE = frozenset({"consumers", "canary", "backlog"})
 #: Checks that need the broker.
-ON_BROKER = frozenset({"consumers", "canary", "beat", "spool", "backlog"})
+ON_BROKER = frozenset({"consumers", "canary", "beat", "spool", "backlog", "breakers"})
 #: Kept for printing the report after the deadline.
 MARGIN_S = 0.3
 
@@ -182,6 +183,9 @@ def _broker_jobs(
     if "spool" in selected:
         key, interval = settings.dlq_spool_key, settings.dlq_drain_interval
         jobs.append((["spool"], Background(lambda: [checks.spool(client, key, interval, utcnow)])))
+    if "breakers" in selected:
+        declared = declared_breakers(app)
+        jobs.append((["breakers"], Background(lambda: [checks.breakers(client, declared)])))
     if "backlog" in selected:
         goals = checks.objectives(settings)
         jobs.append(

@@ -178,6 +178,19 @@ DEBOUNCE_COLLAPSED = _recorded(
     "Dispatches of a debounced task folded into a run already waiting for its key.",
     "task",
 )
+BREAKER_DEFERRED = _recorded(
+    "jobs_breaker_deferred_total",
+    "counter",
+    "Deliveries re-published because their downstream's circuit breaker was open or "
+    "probing (no attempt spent).",
+    "key",
+)
+BREAKER_OPENED = _recorded(
+    "jobs_breaker_opened_total",
+    "counter",
+    "Times a downstream's circuit breaker opened (threshold reached, or its probe failed).",
+    "key",
+)
 INTERNALS_UNAVAILABLE = _recorded(
     "jobs_internals_unavailable_total",
     "counter",
@@ -259,6 +272,12 @@ BEAT_SKIPPED = Metric(
     ("entry", "reason"),
     "scrape",
 )
+BREAKER_STATE = _scrape(
+    "jobs_breaker_state",
+    "Each downstream's circuit breaker: 0 closed, 1 open (its jobs deferred), 2 half-open "
+    "(one probe job may run).",
+    "key",
+)
 OUTBOX_DEPTH = _scrape(
     "jobs_outbox_depth",
     "Committed delay_on_commit jobs in job_outbox that no relay has published yet.",
@@ -293,6 +312,8 @@ ALL: tuple[Metric, ...] = (
     RATE_DEFERRED,
     CONCURRENCY_WAITED,
     DEBOUNCE_COLLAPSED,
+    BREAKER_DEFERRED,
+    BREAKER_OPENED,
     INTERNALS_UNAVAILABLE,
     BEAT_SENT,
     QUEUE_LENGTH,
@@ -307,6 +328,7 @@ ALL: tuple[Metric, ...] = (
     DELAYED_NEXT_DUE,
     BEAT_LAST_TICK,
     BEAT_SKIPPED,
+    BREAKER_STATE,
     OUTBOX_DEPTH,
     OUTBOX_OLDEST_AGE,
     SOURCE_UP,

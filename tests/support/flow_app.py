@@ -92,3 +92,30 @@ def tenant_job(self: Any, tag: str, tenant: str, n: int, hold_s: float = 0.01) -
         if hold_s > 1 and client().exists(f"jptest:fair:release:{tag}"):
             break
         time.sleep(min(hold_s, 0.05))
+
+
+#: While this key exists the downstream of ``flow.downstream`` is down (refuses calls).
+DOWN_FLAG = "jptest:breaker:down"
+
+
+@app.task(
+    base=ReliableTask,
+    bind=True,
+    name="flow.downstream",
+    queue="fast",
+    rate_key="flaky-partner",
+    breaker_threshold=3,
+    breaker_window=60,
+    breaker_cooldown=2,
+    max_retries=20,
+)
+def downstream(self: Any, tag: str, n: int) -> None:
+    """Calls the partner: refused while :data:`DOWN_FLAG` is set (a transient error, as a
+    refused connection is), else records a success that held the call ``0.2`` s."""
+    meta = {"n": n, "task_id": self.request.id, "retries": self.request.retries}
+    if client().exists(DOWN_FLAG):
+        _event(tag, kind="fail", **meta)
+        raise ConnectionRefusedError("partner down")
+    _event(tag, kind="start", **meta)
+    time.sleep(0.2)
+    _event(tag, kind="end", **meta)

@@ -17,8 +17,11 @@ import pytest
 import redis
 
 from jobs_platform.brokers.redis import fair
+from jobs_platform.coordination.lease import Leases
+from jobs_platform.flow.breaker import Breakers
 from jobs_platform.flow.concurrency import Slots
 from jobs_platform.flow.debounce import Windows
+from jobs_platform.flow.options import Breaker
 from jobs_platform.ratelimit import RateLimiter
 from jobs_platform.testing import RedisServer
 
@@ -145,3 +148,34 @@ def test_list_and_show_give_each_fairness_keys_backlog_and_place(seeded: dict[st
     assert rows(shown.stdout)[0]["fairness"] == [{"queue": "heavy", "backlog": 1, "position": 1}]
     text = cli(seeded, "show", "tenant-big")
     assert "fairness (queue heavy): 3 waiting, 0 key(s) ahead" in text.stdout
+
+
+def test_list_and_show_give_each_breakers_state_failures_and_next_probe(
+    seeded: dict[str, str],
+) -> None:
+    client = redis.Redis.from_url(seeded["JOBS_BROKER_URL"])
+    breakers = Breakers(client, Leases(client))
+    # flaky-partner (flow.downstream: 3 in a row) opened; partner-q counted 1 failure.
+    opened = Breaker("flaky-partner", threshold=3, window_s=60, cooldown_s=120)
+    for n in range(3):
+        breakers.failed(opened, f"job-{n}", f"job-{n}:0")
+    other = Breaker("partner-q", threshold=5)
+    assert breakers.admit(other, "job-q", probe_ttl_s=10).run  # a job asks, then fails
+    breakers.failed(other, "job-q", "job-q:0")
+    done = cli(seeded, "list", "--json")
+    assert done.returncode == 0, done.stderr
+    by_key = {r["key"]: r for r in rows(done.stdout) if r["kind"] == "breaker"}
+    flaky = by_key["flaky-partner"]
+    assert flaky["state"] == "open" and flaky["limit"] == "3 failures" and flaky["opens"] == 1
+    assert 110 < flaky["next_probe_in_s"] <= 120 and flaky["opened_at"] is not None
+    # A key only a job asked for (no task of this app declares it) is listed too.
+    assert by_key["partner-q"]["state"] == "closed" and by_key["partner-q"]["failures"] == 1
+    table = cli(seeded, "list")
+    assert "flaky-partner" in table.stdout and "next probe in" in table.stdout
+
+    text = cli(seeded, "show", "flaky-partner")
+    assert text.returncode == 0, text.stderr
+    assert "breaker: open, opened at " in text.stdout
+    assert "opens after 3 failures in a row within 60 s; cool-down 120 s" in text.stdout
+    shown = rows(cli(seeded, "show", "partner-q", "--json").stdout)[0]
+    assert shown["breaker"]["failures"] == 1 and shown["breaker"]["threshold"] == 5

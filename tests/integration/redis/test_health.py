@@ -103,7 +103,7 @@ def test_an_unreachable_broker_fails_at_once_with_the_password_masked(sqlite_fil
     assert "s3cret" not in done.stdout + done.stderr
     assert checks["database"]["ok"]
     others = [c for name, c in checks.items() if name not in ("broker", "database")]
-    assert len(others) == 11  # consumers, canary, backlog x 3 queues; beat; spool
+    assert len(others) == 12  # consumers, canary, backlog x 3 queues; beat; spool; breakers
     assert all(c["detail"] == "not checked: the broker does not answer" for c in others)
     print(f"\nbroker down: verdict in {report['elapsed_s']:.2f} s ({took:.2f} s wall)")
 

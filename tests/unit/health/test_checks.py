@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from typing import Any
 
 import pytest
 from celery.schedules import crontab
@@ -189,3 +190,39 @@ def test_objectives_default_per_queue_and_a_setting_overrides() -> None:
 
     mine = Settings(queue_objectives={"fast": 5, "heavy": 900, "thirdparty": 300})
     assert checks.objectives(mine)["fast"] == 5.0
+
+
+def _reading(key: str, state: str, **kw: Any) -> Any:
+    from jobs_platform.flow.breaker import Reading
+
+    fields: dict[str, Any] = {
+        "failures": 0,
+        "threshold": 5,
+        "window_s": 60.0,
+        "cooldown_s": 30.0,
+        "opened_at": None,
+        "next_probe_in_s": None,
+        "probe": None,
+        "opens": 0,
+    }
+    return Reading(key=key, state=state, **{**fields, **kw})  # type: ignore[arg-type]
+
+
+def test_an_open_breaker_is_a_warning_never_a_failure() -> None:
+    assert checks.breakers_verdict([]) == (False, "no circuit breaker declared")
+    assert checks.breakers_verdict([_reading("a", "closed")]) == (
+        False,
+        "1 breaker(s), all closed",
+    )
+    warn, detail = checks.breakers_verdict(
+        [
+            _reading("a", "closed"),
+            _reading("partner-x", "open", next_probe_in_s=12.0, opened_at=1.0),
+            _reading("partner-y", "half_open", probe="job-7"),
+        ]
+    )
+    assert warn
+    assert "2 of 3 breaker(s) not closed" in detail
+    assert "partner-x open (next probe in 12 s)" in detail
+    assert "partner-y half-open (probe job-7)" in detail
+    assert "ops/runbooks/breaker-open.md" in detail

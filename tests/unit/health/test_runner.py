@@ -94,10 +94,22 @@ def test_a_failure_exits_1_and_json_is_one_object(monkeypatch: pytest.MonkeyPatc
     assert report["checks"][1] == {
         "name": "spool",
         "ok": False,
+        "warn": False,
         "detail": "not draining",
         "elapsed_s": 0.5,
     }
     assert seen["selected"] == ["spool"] and seen["timeout_s"] == 2.0
+
+
+def test_a_warning_passes_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    results = [
+        Check("broker", True, "answered"),
+        Check("breakers", True, "1 of 1 breaker(s) not closed: partner-x open", warn=True),
+    ]
+    done, _ = invoke(monkeypatch, results)
+    assert done.exit_code == 0
+    assert "WARN breakers: 1 of 1 breaker(s) not closed: partner-x open" in done.output
+    assert done.output.splitlines()[-1].startswith("healthy: 2 checks passed (1 with a warning)")
 
 
 def test_bad_options_are_usage_errors(monkeypatch: pytest.MonkeyPatch) -> None:
