@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar, cast
 
 import redis
@@ -68,6 +69,73 @@ def _reinit_lock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_reinit_lock_in_child)
+
+
+#: Longest a fork waits for background threads to leave the database (then it goes ahead).
+FORK_WAIT_S = 10.0
+
+
+class ForkGate:
+    """Keeps forks out of the moments a background thread is inside the database driver.
+
+    A thread inside SQLite (or libpq, or a name lookup) holds C-level mutexes that Python
+    does not know about. Forked at that moment, the child inherits them locked and hangs
+    for ever at its first use of the library: a prefork pool process that stores a dead
+    letter in SQLite hung until its hard time limit while the parent's outbox relay was
+    polling the same file (45 children of 300 in a loop that forks beside such a thread,
+    none with the gate). The worker's own threads (dead-letter drainer, outbox relay) pass
+    through :meth:`passage` for each database pass, and a fork waits until none is inside,
+    at most :data:`FORK_WAIT_S`, holding new passages back meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._inside = 0
+        self._forking = False
+
+    @contextmanager
+    def passage(self) -> Iterator[None]:
+        with self._cond:
+            self._cond.wait_for(lambda: not self._forking)
+            self._inside += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._inside -= 1
+                self._cond.notify_all()
+
+    def before_fork(self) -> None:
+        self._cond.acquire()  # held across the fork: no passage starts meanwhile
+        self._forking = True
+        self._cond.wait_for(lambda: self._inside == 0, timeout=FORK_WAIT_S)
+
+    def after_fork_in_parent(self) -> None:
+        self._forking = False
+        self._cond.notify_all()
+        self._cond.release()
+
+
+_gate = ForkGate()
+
+
+def _gate_after_fork_in_child() -> None:
+    global _gate
+    _gate = ForkGate()  # the parent's threads are not here; nothing is inside
+
+
+os.register_at_fork(
+    before=lambda: _gate.before_fork(),
+    after_in_parent=lambda: _gate.after_fork_in_parent(),
+    after_in_child=_gate_after_fork_in_child,
+)
+
+
+@contextmanager
+def fork_safe() -> Iterator[None]:
+    """A background thread's database pass: no fork of this process happens inside it."""
+    with _gate.passage():
+        yield
 
 
 def redis_client(url: str) -> redis.Redis:

@@ -25,7 +25,7 @@ from jobs_platform import db
 from jobs_platform.deadletter.metrics import WRITE_FAILURES
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.sink import DeadLetterSink, is_transient, rejected_why, sink_for
-from jobs_platform.process_local import per_process
+from jobs_platform.process_local import fork_safe, per_process
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
@@ -175,9 +175,10 @@ class DeadLetterStep(bootsteps.StartStopStep):  # type: ignore[misc]
         while not self._stop.is_set():
             # Cleared before the pass: a dead letter spooled meanwhile wakes the next one.
             WAKE.clear()
-            if settings.auto_migrate and not self._migrated:
-                self._migrated = db.try_upgrade(settings.database_url)
-            drainer_for(app).drain_quietly()
+            with fork_safe():  # a pool process forked meanwhile would hang in SQLite
+                if settings.auto_migrate and not self._migrated:
+                    self._migrated = db.try_upgrade(settings.database_url)
+                drainer_for(app).drain_quietly()
             WAKE.wait(settings.dlq_drain_interval)
 
     def stop(self, parent: Any) -> None:

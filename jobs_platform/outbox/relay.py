@@ -36,6 +36,7 @@ from jobs_platform.bulk import publish as publishing
 from jobs_platform.bulk.calls import Call
 from jobs_platform.clock import utcnow
 from jobs_platform.outbox.model import job_outbox
+from jobs_platform.process_local import fork_safe
 
 logger = logging.getLogger("jobs_platform.outbox")
 
@@ -188,7 +189,8 @@ class RelayStep(bootsteps.StartStopStep):  # type: ignore[misc]
         while not self._stop.is_set():
             sent = 0
             try:
-                sent = relay_once(app, limit=batch)
+                with fork_safe():  # a pool process forked meanwhile would hang in SQLite
+                    sent = relay_once(app, limit=batch)
             except Exception as exc:  # database or broker down: the rows wait; next pass
                 if not failing:
                     _log_failure(app, exc)

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import threading
+from pathlib import Path
 
 from jobs_platform import process_local
 
 #: The child's limit: forget_inherited() takes microseconds; a hang ends here.
 CHILD_DEADLINE_S = 10
+#: Forks beside a thread busy in SQLite (a few seconds in all).
+FORKS = 150
 
 
 def test_a_child_forked_while_another_thread_builds_an_object_forgets_without_waiting() -> None:
@@ -52,3 +56,43 @@ def test_a_child_forked_while_another_thread_builds_an_object_forgets_without_wa
         f"the child hung in forget_inherited() (status {status:#x}): it inherited the "
         "cache's lock held by a thread that does not exist in it"
     )
+
+
+def test_no_child_forked_beside_a_thread_in_sqlite_hangs_in_sqlite(tmp_path: Path) -> None:
+    """A pool process forked while the parent's outbox relay or drainer is inside SQLite
+    inherited SQLite's own mutexes locked and hung at its first write (a dead letter), until
+    its hard time limit. Those threads pass through ``fork_safe()``; a fork waits them out.
+    Without the gate about one child in seven hung here."""
+    path = str(tmp_path / "fork.sqlite3")
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("CREATE TABLE t (x)")
+    stop = threading.Event()
+
+    def poll() -> None:  # what the relay does every pass: open, read, close
+        while not stop.is_set():
+            with process_local.fork_safe():
+                conn = sqlite3.connect(path)
+                conn.execute("SELECT x FROM t LIMIT 1").fetchall()
+                conn.close()
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    hung = 0
+    try:
+        for _ in range(FORKS):
+            pid = os.fork()
+            if pid == 0:  # the child: a write, as a dead letter's would be
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)
+                signal.alarm(CHILD_DEADLINE_S)
+                conn = sqlite3.connect(path)
+                conn.execute("INSERT INTO t VALUES (1)")
+                conn.commit()
+                conn.close()
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            hung += not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
+    finally:
+        stop.set()
+        poller.join(10)
+    assert hung == 0, f"{hung} of {FORKS} children hung in SQLite"
