@@ -246,6 +246,8 @@ class WorkerProcess:
 
     def wait_ready(self, timeout_s: float = 60) -> None:
         def ready() -> bool:
+            if f"{self.hostname} ready." in self.log():
+                return True  # even if it has exited since (a job may end its own worker)
             if self.process is not None and self.process.poll() is not None:
                 raise RuntimeError(
                     f"worker {self.hostname} exited with {self.process.returncode}:\n"

@@ -14,12 +14,13 @@ import re
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import redis
 
-from jobs_platform.testing import wait_for
+from jobs_platform.testing import RedisServer, wait_for
 from jobs_platform.testing.redis_db import server_url
 from tests.acceptance.conftest import ROOT
 
@@ -67,7 +68,19 @@ def png_size(data: bytes) -> tuple[int, int]:
     return int(width), int(height)
 
 
-def test_the_short_tour_runs_reports_and_stops_everything(redis_url: str, tmp_path: Path) -> None:
+@pytest.fixture()
+def users_redis() -> Iterator[str]:
+    """A Redis of the test's own standing for the user's, with the user's data in database
+    0: the session's shared database also holds other tests' keys, which come and go (a
+    killed worker's liveness key expiring, say) while the tour runs."""
+    with RedisServer() as server:
+        url = server.url  # database 0
+        redis.Redis.from_url(url).set("myshop:sessions:42", "the user's own data")
+        yield url
+
+
+def test_the_short_tour_runs_reports_and_stops_everything(users_redis: str, tmp_path: Path) -> None:
+    redis_url = users_redis
     demo_dir = tmp_path / "demo-files"
     env = {
         **os.environ,
@@ -93,7 +106,7 @@ def test_the_short_tour_runs_reports_and_stops_everything(redis_url: str, tmp_pa
     assert run.returncode == 0, "\n".join(failures) + "\n...\n" + output[-6000:]
 
     # It says which Redis it used and whose: an empty database it claimed on the server it
-    # was given (not the one given, which holds this session's keys), flushed at the end.
+    # was given (not the one given, which holds the user's keys), flushed at the end.
     said = " ".join(output.split())
     found = re.search(
         r"broker: database (\d+) of the Redis at (\S+) \(from JOBS_BROKER_URL\), empty when "

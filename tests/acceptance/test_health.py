@@ -123,11 +123,11 @@ def pool_children(worker: WorkerProcess) -> list[int]:
 def test_a_healthy_stack_passes_every_check_quickly(stack: Stack) -> None:
     done, took = stack.health()
     assert done.returncode == 0, done.stdout
-    assert done.stdout.splitlines()[-1].startswith("healthy: 13 checks passed in ")
+    assert done.stdout.splitlines()[-1].startswith("healthy: 14 checks passed in ")
     code, checks = stack.checks()
     assert code == 0
     assert sorted(checks) == sorted(
-        ["broker", "database", "beat", "spool"]
+        ["broker", "database", "beat", "spool", "breakers"]
         + [f"{check}:{q}" for check in ("consumers", "canary", "backlog") for q in QUEUE_NAMES]
     )
     for queue in QUEUE_NAMES:
@@ -143,7 +143,7 @@ def test_a_healthy_stack_passes_every_check_quickly(stack: Stack) -> None:
 def test_health_and_inspect_runs_leave_nothing_behind_in_the_broker(stack: Stack) -> None:
     """Their control replies are consumed without acks: nothing stays in ``unacked`` and
     the exporter grows no series for a reply queue (health in a compose file runs every
-    60 s, for ever)."""
+    60 s, for ever; Flower broadcasts every 5 s)."""
     from jobs_platform.exporter.server import exposition
 
     url = stack.env["JOBS_BROKER_URL"]
@@ -171,9 +171,17 @@ def test_health_and_inspect_runs_leave_nothing_behind_in_the_broker(stack: Stack
         check=False,
     )
     assert inspected.returncode == 0, inspected.stdout + inspected.stderr
+    # What Flower sends while it watches: enable_events every 5 s (the workers' task events
+    # lease), and inspect calls for its workers page; each must leave nothing behind either.
+    for _ in range(10):
+        app.control.enable_events()
+        assert app.control.inspect(timeout=2).stats(), "no worker answered Flower's inspect"
     after = (raw.hlen("unacked"), inflight_series())
     raw.close()
-    print(f"\n20 health runs + an inspect: unacked {before[0]} -> {after[0]}, series {after[1]}")
+    print(
+        f"\n20 health runs + an inspect + 10 of Flower's broadcasts: unacked {before[0]} -> "
+        f"{after[0]}, series {after[1]}"
+    )
     assert after == before
     assert all('queue_name="' + q in " ".join(after[1]) for q in QUEUE_NAMES)
 

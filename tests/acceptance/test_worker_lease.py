@@ -107,6 +107,32 @@ def test_a_job_longer_than_twice_the_visibility_timeout_runs_once_on_a_live_work
     assert records[0]["host"] in {one.hostname, two.hostname}
 
 
+def test_a_job_that_keeps_killing_its_worker_is_capped_and_dead_lettered_worker_lost(
+    lease_app: Any, worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+) -> None:
+    """A lease gives a dead worker's job back, and each give-back counts toward the delivery
+    cap: with max_retries=1 the job runs twice (killing a whole worker each time) and the
+    third delivery is a ``worker_lost`` dead letter instead of a third kill."""
+    from jobs_platform.deadletter.store import DeadLetterStore
+
+    quick = {**worker_env, "JOBS_WORKER_LEASE": "3", "JOBS_UNACKED_RESTORE_INTERVAL": "1"}
+    store = DeadLetterStore(worker_env["JOBS_DATABASE_URL"])
+    key = uuid.uuid4().hex
+    result = lease_app.kills_its_worker.delay(key)
+    for n in (1, 2):  # a fresh worker each time: the previous one is dead
+        with worker(quick, tmp_path, f"victim{n}") as victim:
+            wait_for(lambda: not victim.alive, timeout_s=60, message=f"run {n} to kill it")
+        assert len(runs(redis_client, key)) == n
+    with worker(quick, tmp_path, "last") as last:
+        [row] = wait_for(
+            lambda: store.by_task_id(result.id), timeout_s=60, message="the dead letter"
+        )
+        assert last.alive
+    print(f"\nkilled its worker {len(runs(redis_client, key))} times, then: {row['reason']}")
+    assert row["reason"] == "worker_lost"
+    assert len(runs(redis_client, key)) == 2  # never a third run
+
+
 @pytest.fixture()
 def persistent() -> Iterator[RedisServer]:
     with RedisServer(persistent=True) as server:

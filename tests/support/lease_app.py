@@ -10,6 +10,8 @@ worker running it and see the next run finish quickly.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
@@ -25,3 +27,12 @@ def hold(self: Any, key: str, first_s: float, then_s: float = 0.0) -> int:
     time.sleep(first_s if runs == 1 else then_s)
     client().rpush(f"jptest:done:{key}", str(self.request.id))
     return runs
+
+
+@app.task(base=ReliableTask, bind=True, name="lease.kills_its_worker", queue="fast", max_retries=1)
+def kills_its_worker(self: Any, key: str) -> None:
+    """SIGKILLs its whole worker (the main process, then itself) on every run: the job a
+    lease gives back must still reach the delivery cap and a ``worker_lost`` dead letter."""
+    record(self, key)
+    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
