@@ -13,16 +13,15 @@ refused for the same reasons, with the same words, whichever way it is sent:
 
 Every dispatch carries the task's payload version (:func:`versioned`). A retry or a deferral
 ReliableTask publishes itself was checked when it was first dispatched: it skips all of this
-(``ReliableTask._republish``), Celery's argument check included (:func:`unchecked`): a job
+(``ReliableTask._republish``), Celery's argument check included
+(:func:`jobs_platform.signature_check.unchecked`): a job
 of an older payload version, re-published by newer code, binds only once upcast.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import datetime as dt
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from kombu.exceptions import OperationalError
@@ -98,32 +97,6 @@ def versioned(task: Any, options: dict[str, Any]) -> dict[str, Any]:
         return options
     version = task.spec.versions.version
     return {**options, "headers": {**headers, history.VERSION_HEADER: version}}
-
-
-#: Set while a job already checked is published again: Celery's argument check is skipped.
-_UNCHECKED: contextvars.ContextVar[bool] = contextvars.ContextVar("jobs_unchecked", default=False)
-
-
-@contextlib.contextmanager
-def unchecked() -> Iterator[None]:
-    """Publish without Celery's ``typing`` check of the arguments (see the module docstring)."""
-    token = _UNCHECKED.set(True)
-    try:
-        yield
-    finally:
-        _UNCHECKED.reset(token)
-
-
-def skippable(check: Callable[..., Any]) -> Callable[..., Any]:
-    """``check`` (a task's ``__header__``), skipped inside :func:`unchecked`."""
-
-    def check_arguments(*args: Any, **kwargs: Any) -> Any:
-        if _UNCHECKED.get():
-            return None
-        return check(*args, **kwargs)
-
-    check_arguments.jobs_check = check  # type: ignore[attr-defined]
-    return check_arguments
 
 
 # -- the broker did not answer -----------------------------------------------------------------

@@ -34,6 +34,7 @@ from jobs_platform import (
     dispatch,
     history,
     rules,
+    signature_check,
     versions,
 )
 from jobs_platform.clock import utc_iso, utcnow
@@ -186,9 +187,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             )
         check = vars(cls)["__header__"].__func__
         if not hasattr(check, "jobs_check"):
-            # A re-publish of a checked job skips it (dispatch.unchecked); the worker's
+            # A re-publish of a checked job skips it (signature_check.unchecked); the worker's
             # version screen binds the upcast arguments with the check itself.
-            cls.__header__ = staticmethod(dispatch.skippable(check))
+            cls.__header__ = staticmethod(signature_check.skippable(check))
 
     @classmethod
     def bind_arguments(cls, *args: Any, **kwargs: Any) -> Any:
@@ -243,7 +244,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         checked when it was first dispatched) without checking it again."""
         # As Signature.apply_async() with no arguments would, minus ReliableTask's checks.
         options = dispatch.stamped(dict(signature.options))
-        with dispatch.unchecked():  # its arguments may be of another payload version
+        with signature_check.unchecked():  # its arguments may be of another payload version
             return celery.Task.apply_async(self, signature.args, signature.kwargs, **options)
 
     def delay_many(self, calls: Iterable[Any]) -> list[Any]:

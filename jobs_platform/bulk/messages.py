@@ -33,7 +33,7 @@ from celery.utils.time import add_seconds_to_datetime, maybe_make_aware
 from kombu import serialization
 from kombu.utils.json import dumps as kombu_dumps
 
-from jobs_platform import dispatch, history
+from jobs_platform import dispatch, history, signature_check
 from jobs_platform.bulk.calls import Call
 
 #: Header fields that differ between two messages of one kind (besides the enqueue stamp).
@@ -213,7 +213,8 @@ class Messages:
     def _through_celery(self, call: Call, stamp: str) -> Any:
         options = dispatch.stamped({k: v for k, v in call.options.items() if k != "task_id"}, stamp)
         self.recorder.last = None
-        with dispatch.unchecked():  # checked when read (jobs_platform.bulk.calls, the outbox)
+        # Checked when read (jobs_platform.bulk.calls, the outbox).
+        with signature_check.unchecked():
             return celery.Task.apply_async(
                 self.task,
                 call.args,

@@ -26,7 +26,7 @@ from typing import Any
 from celery.app.task import Context
 from celery.exceptions import QueueNotFound
 
-from jobs_platform import arguments, dispatch, history, versions
+from jobs_platform import arguments, history, signature_check, versions
 from jobs_platform.clock import utc_iso
 from jobs_platform.deadletter.store import DeadLetterStore, Outcome
 from jobs_platform.errors import JobsPlatformError
@@ -143,7 +143,7 @@ def publisher(app: Any) -> Publish:
         if task is not None and getattr(task, "spec", None) is not None:
             # ReliableTask.apply_async stamps a fresh jobs_enqueued_at; retries start at 0.
             # The arguments may be of an older version: fits_in() bound them once upcast.
-            with dispatch.unchecked():
+            with signature_check.unchecked():
                 task.apply_async(args=args, kwargs=kwargs, **options)
         elif task is not None:
             task.apply_async(args=args, kwargs=kwargs, **options)

@@ -213,12 +213,12 @@ def test_dispatch_stamps_the_version_and_keeps_a_given_one(app: Any) -> None:
 
 
 def test_a_republish_skips_the_argument_check_a_dispatch_makes(app: Any) -> None:
-    from jobs_platform import dispatch
+    from jobs_platform import signature_check
 
     task = app.task(base=ReliableTask, name="v.check", queue="fast")(ship)
     with pytest.raises(TypeError):
         task.__header__("k")
-    with dispatch.unchecked():
+    with signature_check.unchecked():
         task.__header__("k")  # a checked job re-published (its arguments may be older)
         with pytest.raises(TypeError):
             task.bind_arguments("k")  # the worker's screen always binds
