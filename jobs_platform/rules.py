@@ -121,6 +121,7 @@ def check_settings(values: Mapping[str, Any]) -> None:
         "metrics_flush_interval",
         "outbox_relay_interval",
         "outbox_retention",
+        "batch_retention",
         "version_skew_window",
     ):
         check_positive(values[name], what=name)
