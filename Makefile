@@ -73,6 +73,7 @@ bench: install services
 	$(BIN)/python -m bench.fairness
 	$(BIN)/python -m bench.dlq_listing
 	$(BIN)/python -m bench.outbox
+	$(BIN)/python -m bench.batches
 
 # The long soak (20,000 jobs under kills, a Redis restart and a database cut; ~10 min).
 # Its short form (2,000 jobs) runs in `make test` (tests/acceptance/test_chaos.py).

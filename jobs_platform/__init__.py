@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from jobs_platform.app import create_app
+from jobs_platform.batches import Batch, batch
 from jobs_platform.bulk import BulkDispatchError
 from jobs_platform.errors import (
     ConfigError,
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     from jobs_platform.idempotency import IdempotencyKeys, Transition, claim_columns, transition
 
 __all__ = [
+    "Batch",
     "BulkDispatchError",
     "ConfigError",
     "DispatchError",
@@ -44,6 +46,7 @@ __all__ = [
     "SkipTransition",
     "TransientError",
     "Transition",
+    "batch",
     "claim_columns",
     "create_app",
     "transition",

@@ -162,6 +162,8 @@ CREATES: dict[str, tuple[str, ...]] = {
     "0002": ("idempotency_keys",),
     "0003": ("dead_letter_counts",),
     "0005": ("job_outbox",),
+    "0006": (),
+    "0007": ("job_batches", "job_batch_members"),
 }
 
 

@@ -37,6 +37,12 @@ VERSION_HEADER = "jobs_version"
 #: When a worker first deferred a job whose payload is newer than its code (UTC ISO): the
 #: skew window counts from there (jobs_platform.versions). A replay starts afresh.
 VERSION_WAIT_HEADER = "jobs_version_wait"
+#: The batch a job is a member of (jobs_platform.batches): its id. The job's, kept by retries
+#: and replays.
+BATCH_HEADER = "jobs_batch"
+#: The member a replayed batch job stands for: the task id the member was first dispatched
+#: with (a replay runs under a new id). Set by the replay; absent, the member is the task id.
+BATCH_MEMBER_HEADER = "jobs_batch_member"
 #: Headers that describe one delivery of a job, not the job: an attempt's retry drops them.
 PER_DELIVERY_HEADERS = (LOST_WORKER_HEADER, RATE_SLOT_HEADER, CONCURRENCY_GEN_HEADER)
 #: Request attribute where ReliableTask hands the failure it gave up on (a

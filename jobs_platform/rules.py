@@ -121,6 +121,7 @@ def check_settings(values: Mapping[str, Any]) -> None:
         "metrics_flush_interval",
         "outbox_relay_interval",
         "outbox_retention",
+        "batch_retention",
         "version_skew_window",
     ):
         check_positive(values[name], what=name)
@@ -493,4 +494,54 @@ def check_dispatch_delay(task: str, delay_s: float, *, max_delay_s: float) -> No
             f"{task}: a delay of {delay_s:g} s is longer than JOBS_MAX_DELAY "
             f"({max_delay_s:g} s); for work due further ahead, store the due date in your "
             "own table and enqueue it from a periodic task (celery beat)"
+        )
+
+
+# -- batches -------------------------------------------------------------------------------------
+
+
+def check_batch_name(name: Any) -> str:
+    """A batch's name is a non-empty string that fits its column (255 characters)."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 255:
+        raise DispatchError(
+            f"batch name must be a non-empty string of at most 255 characters, got {name!r}; "
+            "nothing was enqueued"
+        )
+    return name
+
+
+def check_batch_member(task: Any, *, index: int) -> None:
+    """A member is a ReliableTask of an app made by create_app, and neither debounced nor
+    ``unique_for``: a debounced dispatch runs later under another id, and a unique one may
+    return a job already queued outside the batch; either would never be counted."""
+    spec = getattr(task, "spec", None)
+    name = getattr(task, "name", repr(task))
+    if spec is None or getattr(task.app, "jobs_settings", None) is None:
+        raise DispatchError(
+            f"batch member {index} ({name}) is not a ReliableTask of a jobs_platform app: its "
+            "outcome could not be counted; nothing was enqueued"
+        )
+    if spec.debounce is not None or spec.unique_for_s is not None:
+        option = "debounce" if spec.debounce is not None else "unique_for"
+        raise DispatchError(
+            f"batch member {index} ({name}) declares {option}: such a dispatch may not run "
+            "under the id it was given, so the batch could never count it; declare a task "
+            "without it for batch members; nothing was enqueued"
+        )
+
+
+def check_batch_callback(which: str, callback: Any, *, allowed: Collection[str]) -> None:
+    """A callback is a Celery signature whose options the outbox relay can send."""
+    # A celery Signature is a dict with .task and .apply_async (pure: Celery not imported).
+    is_signature = isinstance(callback, dict) and hasattr(callback, "apply_async")
+    if not is_signature or not isinstance(getattr(callback, "task", None), str):
+        raise DispatchError(
+            f"batch {which} must be a signature of one task (task.s(...)), got "
+            f"{type(callback).__name__}; nothing was enqueued"
+        )
+    unknown = sorted(set(callback.options or {}) - set(allowed))
+    if unknown:
+        raise DispatchError(
+            f"batch {which} ({callback.task}): {', '.join(unknown)} cannot be sent by the outbox "
+            f"relay (it sends only {', '.join(sorted(allowed))}); nothing was enqueued"
         )

@@ -199,6 +199,12 @@ class Settings:
         "s",
         "How long a published outbox row is kept before the maintenance schedule prunes it.",
     )
+    batch_retention: float = _knob(
+        604800.0,
+        "s",
+        "How long a settled batch (and its members' outcomes) is kept before the maintenance "
+        "schedule prunes it; a dead member replayed after that is no longer counted.",
+    )
     version_skew_window: float = _knob(
         900.0,
         "s",

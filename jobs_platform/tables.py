@@ -3,7 +3,7 @@
 The platform migrates its tables itself (``celery -A APP db upgrade``, its revisions in
 ``jobs_platform_alembic_version``). An application's autogenerate compares *its* metadata
 with every table in the database, so without help it proposes to drop the platform's
-(``dead_letter_jobs``, ``idempotency_keys``, ``job_outbox``, the platform's version
+(``dead_letter_jobs``, ``idempotency_keys``, ``job_outbox``, ``job_batches``, the platform's version
 table). Its ``env.py`` passes one of these to ``context.configure`` (docs/deploy.md has
 the whole recipe)::
 
@@ -22,9 +22,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from jobs_platform.db import VERSION_TABLE, Base
-
 # The models fill Base.metadata: importing them is what makes it complete.
+from jobs_platform.batches import model as _batches  # noqa: F401
+from jobs_platform.db import VERSION_TABLE, Base
 from jobs_platform.deadletter import model as _dead_letters  # noqa: F401
 from jobs_platform.idempotency import model as _idempotency  # noqa: F401
 from jobs_platform.outbox import model as _outbox  # noqa: F401

@@ -299,6 +299,8 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         if self.spec.debounce is not None:
             flow_task.end_debounce_trigger(self)  # a trigger publishes the run, then Ignore
+        if history.BATCH_HEADER in (self.request.headers or {}):
+            self._batch_call("before_body")  # a cancelled batch's member: Ignore
         # Before a slot or a rate start is taken: a deferred job holds neither.
         args, kwargs = self._screen_version(args, kwargs)
         if self.spec.concurrency is None:
@@ -316,6 +318,9 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             self._take_rate_slot()  # raises Ignore after deferring the job
         try:
             result = super().__call__(*args, **kwargs)
+            if history.BATCH_HEADER in (self.request.headers or {}):
+                # Before the ack; a failed write fails this attempt (retried, counted once).
+                self._batch_call("succeeded")
         except (CeleryRetry, Ignore, Reject):
             if probe:
                 flow_task.end_probe(self)
@@ -335,6 +340,23 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
         if breaker is not None:
             flow_task.breaker_succeeded(self)
         return result
+
+    def _batch_call(self, what: str) -> None:
+        from jobs_platform.batches import running  # SQLAlchemy: only in a batch member
+
+        found = running.membership(self.request)
+        if found is not None:
+            getattr(running, what)(self, *found)
+
+    @property
+    def batch(self) -> Any:
+        """The running member's batch (``self.batch.add([...])`` adds members), or ``None``
+        for a job of no batch (jobs_platform.batches)."""
+        if history.BATCH_HEADER not in (self.request.headers or {}):
+            return None
+        from jobs_platform.batches import running
+
+        return running.member_batch(self)
 
     def _take_rate_slot(self) -> None:
         """Run now if the shared limit allows (or this job's reserved slot has come); else

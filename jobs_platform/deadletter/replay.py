@@ -132,6 +132,9 @@ def publisher(app: Any) -> Publish:
         kwargs = arguments.from_stored(row["kwargs"] or {})
         headers = replay_headers(arguments.from_stored(row["headers"]))
         headers[history.REPLAY_OF_HEADER] = row["id"]
+        if history.BATCH_HEADER in headers and row["task_id"]:
+            # The replay runs under a new id: the member it stands for (kept by later replays).
+            headers.setdefault(history.BATCH_MEMBER_HEADER, row["task_id"])
         options: dict[str, Any] = {
             "task_id": new_task_id,
             "queue": row["queue"] or None,

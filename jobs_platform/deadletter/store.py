@@ -17,6 +17,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobs_platform import history
+from jobs_platform.batches import counting
 from jobs_platform.clock import as_utc, utcnow
 from jobs_platform.db import engine_for, insert_ignoring
 from jobs_platform.deadletter import counts
@@ -95,6 +97,16 @@ class Outcome:
         return self.outcome in DONE
 
 
+def batch_member(letter: DeadLetter) -> tuple[str, str] | None:
+    """``(batch id, member id)`` of a letter of a batch member, else ``None``."""
+    headers = letter.headers if isinstance(letter.headers, dict) else {}
+    batch_id = headers.get(history.BATCH_HEADER)
+    member_id = headers.get(history.BATCH_MEMBER_HEADER) or letter.task_id
+    if not isinstance(batch_id, str) or not isinstance(member_id, str) or not member_id:
+        return None
+    return batch_id, member_id
+
+
 def row_dict(row: Any) -> dict[str, Any]:
     """A plain dict of a row, with aware UTC datetimes on every dialect."""
     data = dict(row)
@@ -129,7 +141,21 @@ class DeadLetterStore:
         with self.engine.begin() as conn:
             stmt = insert_ignoring(conn, TABLE, values, unique=["dedupe_key"]).returning(C.id)
             new_id = conn.execute(stmt).scalar()
-            return None if new_id is None else int(new_id)
+            if new_id is None:
+                return None
+            # A batch member's death is counted in the transaction that stores its letter:
+            # every terminal path ends here, once per chain (jobs_platform.batches).
+            member = batch_member(letter)
+            if member is not None:
+                counting.record(
+                    conn,
+                    member[0],
+                    member[1],
+                    "dead",
+                    task_name=letter.task_name,
+                    dead_letter_id=int(new_id),
+                )
+            return int(new_id)
 
     def replay(
         self,

@@ -12,7 +12,8 @@ Per scrape:
   ``HGET`` per declared circuit breaker (``jobs_breaker_state``);
 - the database, one query: ``SELECT status, reason, count(*), max(failed_at) ... GROUP BY
   status, reason`` over the dead-letter table, and one over the outbox's unpublished rows
-  (``count(*), min(created_at)``, through its partial index; source ``outbox``).
+  (``count(*), min(created_at)``, through its partial index; source ``outbox``), and one over
+  the open batches (``count(*), sum(pending)``; source ``batches``).
 
 A source that fails (Redis or the database down, the table not created yet) does not fail
 the scrape: its metrics are left out, ``jobs_exporter_source_up{source}`` says 0 and the
@@ -38,6 +39,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from jobs_platform import brokers
+from jobs_platform.batches.state import open_batches
 from jobs_platform.clock import as_utc, unix_time
 from jobs_platform.coordination.lease import text
 from jobs_platform.db import engine_for
@@ -95,6 +97,7 @@ class JobsCollector(Collector):
                 "database", lambda: families.extend(self._from_database(now))
             ),
             "outbox": self._guarded("outbox", lambda: families.extend(self._from_outbox(now))),
+            "batches": self._guarded("batches", lambda: families.extend(self._from_batches())),
         }
         yield from families
         source_up = _gauge(names.SOURCE_UP)
@@ -106,7 +109,7 @@ class JobsCollector(Collector):
         yield duration
 
     def _guarded(self, source: str, read: Callable[[], None]) -> bool:
-        if source in ("database", "outbox") and not self.sources.database_url:
+        if source in ("database", "outbox", "batches") and not self.sources.database_url:
             return False
         try:
             read()
@@ -231,6 +234,16 @@ class JobsCollector(Collector):
         return [
             _gauge(names.OUTBOX_DEPTH, float(waiting.depth)),
             _gauge(names.OUTBOX_OLDEST_AGE, waiting.oldest_age_s),
+        ]
+
+    def _from_batches(self) -> list[Metric]:
+        """Open batches and their pending members (one query over the unsettled rows)."""
+        assert self.sources.database_url is not None
+        with engine_for(self.sources.database_url).connect() as conn:
+            found = open_batches(conn)
+        return [
+            _gauge(names.BATCHES_OPEN, float(found.batches)),
+            _gauge(names.BATCH_MEMBERS_PENDING, float(found.pending)),
         ]
 
 

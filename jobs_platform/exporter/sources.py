@@ -7,7 +7,7 @@
   its ``:rejected`` / ``:unreadable`` side lists (:mod:`jobs_platform.deadletter.spool`),
   beat's ticks and skip counts (:mod:`jobs_platform.schedule.state`), each breaker's
   state (:mod:`jobs_platform.flow.breaker`);
-- the dead-letter table and the outbox (``JOBS_DATABASE_URL``).
+- the dead-letter table, the outbox and the batches (``JOBS_DATABASE_URL``).
 """
 
 from __future__ import annotations

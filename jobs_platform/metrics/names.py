@@ -286,9 +286,18 @@ OUTBOX_OLDEST_AGE = _scrape(
     "jobs_outbox_oldest_age_seconds",
     "Seconds since the oldest unpublished outbox job was written (0 when none waits).",
 )
+BATCHES_OPEN = _scrape(
+    "jobs_batches_open",
+    "Batches whose members have not all settled yet (on_complete not enqueued).",
+)
+BATCH_MEMBERS_PENDING = _scrape(
+    "jobs_batch_members_pending",
+    "Members of open batches that have not settled (succeeded, dead or cancelled) yet.",
+)
 SOURCE_UP = _scrape(
     "jobs_exporter_source_up",
-    "1 if the exporter could read the source (redis, database, outbox) in this scrape, else 0 "
+    "1 if the exporter could read the source (redis, database, outbox, batches) in this "
+    "scrape, else 0 "
     "(the metrics read from it are then absent).",
     "source",
 )
@@ -331,6 +340,8 @@ ALL: tuple[Metric, ...] = (
     BREAKER_STATE,
     OUTBOX_DEPTH,
     OUTBOX_OLDEST_AGE,
+    BATCHES_OPEN,
+    BATCH_MEMBERS_PENDING,
     SOURCE_UP,
     SCRAPE_DURATION,
 )

@@ -8,6 +8,8 @@
   only reclaims space.
 - ``jobs.maintenance.prune_outbox`` (heavy): deletes outbox rows published more than
   ``JOBS_OUTBOX_RETENTION`` ago (a published row is kept only for inspection).
+- ``jobs.maintenance.prune_batches`` (heavy): deletes batches settled more than
+  ``JOBS_BATCH_RETENTION`` ago, with their members' outcomes.
 - ``jobs.maintenance.check_unique_locks`` (fast): counts the unique-dispatch locks. They
   are Redis keys with a TTL (``unique_for``), so Redis removes stale ones itself; the task
   reports how many are held and warns about any without a TTL (the platform makes none).
@@ -37,7 +39,14 @@ PURGE_DEAD_LETTERS = "jobs.maintenance.purge_dead_letters"
 PURGE_IDEMPOTENCY_KEYS = "jobs.maintenance.purge_idempotency_keys"
 CHECK_UNIQUE_LOCKS = "jobs.maintenance.check_unique_locks"
 PRUNE_OUTBOX = "jobs.maintenance.prune_outbox"
-TASK_NAMES = (PURGE_DEAD_LETTERS, PURGE_IDEMPOTENCY_KEYS, CHECK_UNIQUE_LOCKS, PRUNE_OUTBOX)
+PRUNE_BATCHES = "jobs.maintenance.prune_batches"
+TASK_NAMES = (
+    PURGE_DEAD_LETTERS,
+    PURGE_IDEMPOTENCY_KEYS,
+    CHECK_UNIQUE_LOCKS,
+    PRUNE_OUTBOX,
+    PRUNE_BATCHES,
+)
 #: Only rows someone resolved are purged; a row still ``dead`` waits for a person.
 PURGED_STATUSES = ("replayed", "discarded")
 
@@ -60,6 +69,11 @@ def maintenance_schedule(settings: Any) -> dict[str, dict[str, Any]]:
         "jobs.maintenance.outbox": {
             "task": PRUNE_OUTBOX,
             "schedule": crontab(minute=45),
+            "options": {"overlap": "skip", "catch_up": 1},
+        },
+        "jobs.maintenance.batches": {
+            "task": PRUNE_BATCHES,
+            "schedule": crontab(minute=50),
             "options": {"overlap": "skip", "catch_up": 1},
         },
         "jobs.maintenance.unique-locks": {
@@ -98,6 +112,7 @@ def install_tasks(app: Any) -> None:
         (PURGE_IDEMPOTENCY_KEYS, "heavy", purge_idempotency_keys),
         (CHECK_UNIQUE_LOCKS, "fast", check_unique_locks),
         (PRUNE_OUTBOX, "heavy", prune_outbox),
+        (PRUNE_BATCHES, "heavy", prune_batches),
     ):
         limits = fitted_limits(settings, queue)
         app.task(base=ReliableTask, bind=True, name=name, queue=queue, **limits)(run)
@@ -175,3 +190,18 @@ def unique_lock_report(client: Any) -> dict[str, Any]:
         extra={"event": "jobs.unique.locks", "count": held},
     )
     return {"held": held, "without_ttl": without_ttl}
+
+
+def prune_batches(task: Any) -> dict[str, Any]:
+    """Delete batches settled more than ``JOBS_BATCH_RETENTION`` ago."""
+    from jobs_platform.batches.state import prune
+    from jobs_platform.db import engine_for
+
+    settings = task.app.jobs_settings
+    deleted = prune(engine_for(settings.database_url), float(settings.batch_retention))
+    logger.info(
+        "jobs.batch.pruned: %d settled batch(es)",
+        deleted,
+        extra={"event": "jobs.batch.pruned", "count": deleted},
+    )
+    return {"deleted": deleted}

@@ -77,6 +77,7 @@ def test_maintenance_tasks_run_on_their_queues() -> None:
         maintenance.PURGE_IDEMPOTENCY_KEYS: "heavy",
         maintenance.CHECK_UNIQUE_LOCKS: "fast",
         maintenance.PRUNE_OUTBOX: "heavy",
+        maintenance.PRUNE_BATCHES: "heavy",
     }
 
 
