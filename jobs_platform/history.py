@@ -37,6 +37,9 @@ VERSION_HEADER = "jobs_version"
 #: When a worker first deferred a job whose payload is newer than its code (UTC ISO): the
 #: skew window counts from there (jobs_platform.versions). A replay starts afresh.
 VERSION_WAIT_HEADER = "jobs_version_wait"
+#: A dead letter's links to the canvas around the job (its group, chord callback, chain
+#: remainder; jobs_platform.deadletter.letters.canvas_links). Stored, never sent again.
+CANVAS_HEADER = "jobs_canvas"
 #: Headers that describe one delivery of a job, not the job: an attempt's retry drops them.
 PER_DELIVERY_HEADERS = (LOST_WORKER_HEADER, RATE_SLOT_HEADER, CONCURRENCY_GEN_HEADER)
 #: Request attribute where ReliableTask hands the failure it gave up on (a
