@@ -212,6 +212,11 @@ def _next_step_letter(
     if origin.next_step is None:
         return None
     links = {"upstream": task_id, **(origin.canvas or {})}
+    if links.get("chain_remainder"):
+        links["chain_remainder"] = links["chain_remainder"][1:]  # the first is this step
+        if not links["chain_remainder"]:
+            del links["chain_remainder"]
+    links.pop("callbacks", None)  # the step itself, when it was a link
     return upstream_letter(
         sender.app,
         origin.next_step,
