@@ -164,6 +164,7 @@ CREATES: dict[str, tuple[str, ...]] = {
     "0005": ("job_outbox",),
     "0006": (),
     "0007": ("job_batches", "job_batch_members"),
+    "0008": (),
 }
 
 

@@ -43,6 +43,9 @@ BATCH_HEADER = "jobs_batch"
 #: The member a replayed batch job stands for: the task id the member was first dispatched
 #: with (a replay runs under a new id). Set by the replay; absent, the member is the task id.
 BATCH_MEMBER_HEADER = "jobs_batch_member"
+#: A dead letter's links to the canvas around the job (its group, chord callback, chain
+#: remainder; jobs_platform.deadletter.letters.canvas_links). Stored, never sent again.
+CANVAS_HEADER = "jobs_canvas"
 #: Headers that describe one delivery of a job, not the job: an attempt's retry drops them.
 PER_DELIVERY_HEADERS = (LOST_WORKER_HEADER, RATE_SLOT_HEADER, CONCURRENCY_GEN_HEADER)
 #: Request attribute where ReliableTask hands the failure it gave up on (a

@@ -65,6 +65,18 @@ INTERNALS: tuple[Internal, ...] = (
         "a public constructor taking the text of a traceback",
         params=("self", "exc_info", "internal"),
     ),
+    # -- a chord callback that will not run ---------------------------------------------------
+    Internal(
+        "celery.backends.base:Backend",
+        "chord_error_from_stack",
+        "replaced",
+        "jobs_platform.deadletter.hooks",
+        "every result backend gives up a chord's callback through it (a header member died, "
+        "or the callback could not be sent); wrapped, the callback becomes an upstream_failed "
+        "dead letter before Celery stores its FAILURE",
+        "a signal sent when a chord's callback is failed without running",
+        params=("self", "callback", "exc"),
+    ),
     # -- the kill-safe fetch ------------------------------------------------------------------
     Internal(
         _REDIS,

@@ -158,6 +158,26 @@ def check_settings(values: Mapping[str, Any]) -> None:
             f"retry_backoff_max {values['retry_backoff_max']:g} s is longer than max_delay "
             f"{values['max_delay']:g} s (JOBS_MAX_DELAY)"
         )
+    check_checkpoints(
+        max_bytes=values["checkpoint_max_bytes"],
+        ttl_s=values["checkpoint_ttl"],
+        max_delay_s=values["max_delay"],
+        visibility_s=values["visibility_timeout"],
+    )
+
+
+def check_checkpoints(
+    *, max_bytes: Any, ttl_s: Any, max_delay_s: float, visibility_s: float
+) -> None:
+    """A checkpoint must outlive a retry's longest wait and a lost job's redelivery."""
+    check_positive_int(max_bytes, what="checkpoint_max_bytes", unit="bytes")
+    check_positive(ttl_s, what="checkpoint_ttl")
+    if ttl_s <= max_delay_s + visibility_s:
+        raise ConfigError(
+            f"checkpoint_ttl {ttl_s:g} s must be longer than max_delay {max_delay_s:g} s plus "
+            f"visibility_timeout {visibility_s:g} s: a retry waiting that long, or a job "
+            "redelivered after its worker died, would find its checkpoint gone"
+        )
 
 
 def check_queue_objectives(objectives: Mapping[str, Any]) -> None:

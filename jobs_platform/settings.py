@@ -172,6 +172,19 @@ class Settings:
         "dispatch with DispatchError, and one that reaches a queue anyway becomes a `poison` "
         "dead letter instead of running.",
     )
+    checkpoint_max_bytes: int = _knob(
+        16384,
+        "bytes",
+        "Largest JSON of one `self.checkpoint(data)` value: a larger one raises "
+        "CheckpointRefused (a PermanentError) at the call.",
+    )
+    checkpoint_ttl: float = _knob(
+        32 * 86400.0,
+        "s",
+        "How long a job's checkpoint is kept on the coordination Redis after its last read or "
+        "write; longer than JOBS_MAX_DELAY (a retry's longest wait) plus the visibility "
+        "timeout, so a waiting retry finds it. A dead letter keeps its own copy.",
+    )
     delayed_key_prefix: str = _knob(
         "jobs:delayed",
         "Redis key",

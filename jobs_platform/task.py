@@ -30,6 +30,7 @@ from jobs_platform import (
     brokers,
     bulk,
     cheap_retry,
+    checkpoints,
     coordination,
     dispatch,
     history,
@@ -216,6 +217,59 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             raise ConfigError(f"task {self.name!r}: declare business_key=(...) to get a key")
         return unique.identity_of(self, self.request.args, self.request.kwargs)
 
+    # -- checkpoints (jobs_platform.checkpoints) -------------------------------------------------
+
+    def checkpoint(self, data: Any) -> None:
+        """Store ``data`` (small JSON: where this job is) as the running job's progress.
+
+        :meth:`last_checkpoint` returns it on the job's next retry, redelivery or replay;
+        the job's success deletes it. A value over ``JOBS_CHECKPOINT_MAX_BYTES`` or one JSON
+        cannot carry raises :class:`~jobs_platform.checkpoints.CheckpointRefused` here.
+        """
+        request = self.request
+        if request.called_directly or not request.id:
+            checkpoints.encode(self.name, data, max_bytes=self._checkpoint_max_bytes())
+            return  # a plain function call: no job to resume
+        setattr(request, checkpoints.USED_ATTR, True)
+        checkpoints.save(self.app, self.name, request.id, data)
+
+    def last_checkpoint(self) -> Any:
+        """The last value :meth:`checkpoint` stored for this job, else ``None`` (a first run).
+
+        A replay of a dead letter starts from the checkpoint its letter kept.
+        """
+        request = self.request
+        if request.called_directly or not request.id:
+            return None
+        setattr(request, checkpoints.USED_ATTR, True)
+        value = checkpoints.load(self.app, request.id)
+        if value is None:
+            value = (request.headers or {}).get(checkpoints.HEADER)
+        return value
+
+    def _checkpoint_max_bytes(self) -> int:
+        return int(self.app.jobs_settings.checkpoint_max_bytes)
+
+    def _clear_checkpoint(self) -> None:
+        """The job succeeded: its checkpoint goes (only a run that used one pays a call)."""
+        request = self.request
+        if not (
+            getattr(request, checkpoints.USED_ATTR, False)
+            or checkpoints.HEADER in (request.headers or {})
+        ):
+            return
+        try:
+            checkpoints.clear(self.app, request.id)
+        except Exception as exc:
+            # The job is done either way; the key expires with JOBS_CHECKPOINT_TTL.
+            logger.warning(
+                "%s[%s] succeeded but its checkpoint could not be deleted: %r",
+                self.name,
+                request.id,
+                exc,
+                extra={"event": "jobs.checkpoint.clear_failed", "task_name": self.name},
+            )
+
     # -- dispatch ------------------------------------------------------------------------------
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
@@ -339,6 +393,7 @@ class ReliableTask(celery.Task):  # type: ignore[misc]
             raise
         if breaker is not None:
             flow_task.breaker_succeeded(self)
+        self._clear_checkpoint()
         return result
 
     def _batch_call(self, what: str) -> None:

@@ -237,6 +237,11 @@ def show(console: Console, row: dict[str, Any]) -> None:
             _line(console, key, str(value))
     _line(console, "args", json.dumps(row["args"]))
     _line(console, "kwargs", json.dumps(row["kwargs"]))
+    stored = row.get("headers")
+    headers: dict[str, Any] = stored if isinstance(stored, dict) else {}
+    for key, label in (("jobs_checkpoint", "checkpoint"), ("jobs_canvas", "canvas")):
+        if headers.get(key) is not None:
+            _line(console, label, json.dumps(headers[key]))
     if row["redacted"]:
         console.print(Text("secrets were redacted from this payload", "yellow"))
     if row["raw_body"] is not None:

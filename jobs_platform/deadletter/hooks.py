@@ -24,10 +24,12 @@ SQLAlchemy is imported only when a job dies or a pool process starts, never at
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -37,8 +39,15 @@ from celery import signals
 from celery.worker.consumer.consumer import Consumer
 from celery.worker.request import Request
 
-from jobs_platform import history, process_local
-from jobs_platform.deadletter.letters import expired_letter, failure_letter, poison_letter
+from jobs_platform import arguments, checkpoints, history, process_local
+from jobs_platform.deadletter.letters import (
+    canvas_links,
+    expired_letter,
+    failure_letter,
+    origin_of,
+    poison_letter,
+    upstream_letter,
+)
 from jobs_platform.deadletter.metrics import WRITE_FAILURES
 from jobs_platform.deadletter.record import DeadLetter
 
@@ -68,7 +77,10 @@ def _current_request() -> Any:
 
 
 def capture(
-    app: Any, build: Callable[..., DeadLetter], *build_args: Any, main_process: bool = False
+    app: Any,
+    build: Callable[..., DeadLetter | None],
+    *build_args: Any,
+    main_process: bool = False,
 ) -> None:
     """Build a dead letter and hand it to the sink; raises nothing but a SIGTERM's exit.
 
@@ -83,6 +95,8 @@ def capture(
 
         in_main = main_process or _current_request() is not None
         letter = build(*build_args)
+        if letter is None:
+            return
         with terminate_after(not in_main):
             sink_for(app).capture(letter, handoff=wake if in_main else None)
     except Exception:
@@ -144,17 +158,137 @@ def on_task_failure(
         return
     if getattr(getattr(sender, "request", None), "is_eager", False):
         return  # eager calls raise to their caller; nothing was queued
+    finishing_request = _current_request()
     capture(
         sender.app,
-        failure_letter,
+        _failure_with_checkpoint,
         sender,
         task_id,
         exception,
         args,
         kwargs,
         einfo,
-        _current_request(),
+        finishing_request,
     )
+    capture(sender.app, _next_step_letter, sender, task_id, exception, finishing_request)
+
+
+def _failure_with_checkpoint(
+    sender: Any,
+    task_id: str | None,
+    exc: BaseException,
+    args: Any,
+    kwargs: Any,
+    einfo: Any,
+    finishing_request: Any,
+) -> DeadLetter:
+    """The job's dead letter, with its last checkpoint in the headers (a replay resumes)."""
+    letter = failure_letter(sender, task_id, exc, args, kwargs, einfo, finishing_request)
+    if task_id:
+        try:
+            value = checkpoints.peek(sender.app, task_id)
+        except Exception as exc_read:
+            # The letter matters more than its checkpoint: stored without it (a replay
+            # starts from the header the message carried, if any).
+            logger.warning(
+                "%s[%s]: its checkpoint could not be read for the dead letter: %r",
+                sender.name,
+                task_id,
+                exc_read,
+                extra={"event": "jobs.checkpoint.read_failed", "task_id": task_id},
+            )
+            value = None
+        if value is not None:
+            letter.headers = {**(letter.headers or {}), checkpoints.HEADER: value}
+            letter.headers = arguments.to_stored(letter.headers)
+    return letter
+
+
+def _next_step_letter(
+    sender: Any, task_id: str | None, exc: BaseException, finishing_request: Any
+) -> DeadLetter | None:
+    """A chain step (or link) the dead job would have sent: ``upstream_failed``."""
+    origin = origin_of(sender, task_id, finishing_request)
+    if origin.next_step is None:
+        return None
+    links = {"upstream": task_id, **(origin.canvas or {})}
+    if links.get("chain_remainder"):
+        links["chain_remainder"] = links["chain_remainder"][1:]  # the first is this step
+        if not links["chain_remainder"]:
+            del links["chain_remainder"]
+    links.pop("callbacks", None)  # the step itself, when it was a link
+    return upstream_letter(
+        sender.app,
+        origin.next_step,
+        error_type=history.qualified_name(type(exc)),
+        error=f"not run: the job before it in its chain ({sender.name}[{task_id}]) died: {exc}",
+        links=links,
+        worker=origin.hostname,
+    )
+
+
+# -- a chord whose callback will not run --------------------------------------------------
+
+
+def on_chord_error(backend: Any, callback: Any, exc: BaseException | None) -> None:
+    """Celery gives up a chord's callback (a header member died, or the callback could not
+    be sent): its dead letter, ``upstream_failed``, once per callback (its task id)."""
+    app = getattr(backend, "app", None)
+    if app is None or getattr(app, "jobs_settings", None) is None:
+        return
+    member = _member_data()
+    links = canvas_links(member, None) or {}
+    links.pop("chain_remainder", None)
+    links.pop("callbacks", None)
+    steps = list(getattr(callback, "tasks", None) or [callback])  # a group body: each task
+    for step in steps:
+        build = functools.partial(
+            upstream_letter,
+            app,
+            step,
+            error_type=history.qualified_name(type(exc)) if exc else "celery.exceptions.ChordError",
+            error=f"chord callback not run: {exc}",
+            links=links,
+            worker=member.get("hostname"),
+        )
+        capture(app, build)
+
+
+def _member_data() -> dict[str, Any]:
+    """The request of the chord member being finished (the one that settled the chord)."""
+    finishing_request = _current_request()
+    if finishing_request is not None:
+        return dict(finishing_request.request_dict)
+    from celery import current_task
+
+    task = current_task._get_current_object() if current_task else None
+    request = getattr(task, "request", None)
+    return dict(vars(request)) if request is not None else {}
+
+
+def install_chord_hook() -> None:
+    """Route Celery's one chord-failure funnel (every result backend calls
+    ``Backend.chord_error_from_stack``) through :func:`on_chord_error` (idempotent)."""
+    from celery.backends.base import Backend
+
+    original = Backend.chord_error_from_stack
+    if getattr(original, "jobs_hooked", False):
+        return
+
+    def chord_error_from_stack(self: Any, callback: Any, exc: Any = None) -> Any:
+        if exc is None:
+            exc = sys.exc_info()[1]
+        try:
+            on_chord_error(self, callback, exc)
+        except Exception:
+            logger.exception(
+                "jobs.dlq.receiver_failed: a chord callback's dead letter could not be built",
+                extra={"event": "jobs.dlq.receiver_failed"},
+            )
+        return original(self, callback, exc)
+
+    chord_error_from_stack.jobs_hooked = True  # type: ignore[attr-defined]
+    Backend.chord_error_from_stack = chord_error_from_stack
 
 
 def on_task_revoked(
@@ -180,6 +314,7 @@ def connect() -> None:
     signals.worker_process_init.connect(
         on_worker_process_init, weak=False, dispatch_uid="jobs.forget_inherited"
     )
+    install_chord_hook()
 
 
 # -- the worker's main process --------------------------------------------------------------

@@ -49,6 +49,10 @@ class Origin:
     kwargs: Any = None
     #: The give-up ReliableTask recorded on the task's request (pool child only).
     failure: history.FinalFailure | None = None
+    #: The canvas around the job (:func:`canvas_links`), if it is in one.
+    canvas: dict[str, Any] | None = None
+    #: The step a chain or link would have run next (a signature dict), if any.
+    next_step: Any = None
 
 
 def origin_of(sender: Any, task_id: str | None, finishing: Any = None) -> Origin:
@@ -62,6 +66,8 @@ def origin_of(sender: Any, task_id: str | None, finishing: Any = None) -> Origin
             retries=int(data.get("retries") or 0),
             args=finishing.args,
             kwargs=finishing.kwargs,
+            canvas=canvas_links(data, finishing.id),
+            next_step=next_step_of(data),
         )
     context = getattr(sender, "request", None)
     if context is not None and getattr(context, "id", None) == task_id:
@@ -73,8 +79,95 @@ def origin_of(sender: Any, task_id: str | None, finishing: Any = None) -> Origin
             args=context.args,
             kwargs=context.kwargs,
             failure=history.final_failure(context),
+            canvas=canvas_links(vars(context), task_id),
+            next_step=next_step_of(vars(context)),
         )
     return Origin(headers={}, delivery_info={}, hostname=None, retries=0)
+
+
+# -- canvas: the group, chord and chain a job belongs to ------------------------------------
+
+
+def _brief(signature: Any) -> dict[str, Any]:
+    """``{"id", "task"}`` of a signature (a dict as Celery sends it, or a Signature)."""
+    if not isinstance(signature, Mapping):
+        return {"id": None, "task": str(signature)}
+    options = signature.get("options") or {}
+    return {"id": options.get("task_id"), "task": signature.get("task")}
+
+
+def canvas_links(data: Mapping[str, Any], task_id: str | None) -> dict[str, Any] | None:
+    """The canvas a job sits in, from its request (``group``, ``chord``, ``callbacks``,
+    ``chain``, ``root_id``, ``parent_id``), or ``None`` for a job in none."""
+    links: dict[str, Any] = {}
+    if data.get("group"):
+        links["group"] = data["group"]
+        if data.get("group_index") is not None:
+            links["group_index"] = data["group_index"]
+    if data.get("chord"):
+        links["chord_callback"] = _brief(data["chord"])
+    if data.get("callbacks"):
+        links["callbacks"] = [_brief(s) for s in data["callbacks"]]
+    chain = data.get("chain")
+    if chain and isinstance(chain, list):
+        # Celery keeps the remainder last-step-first (it pops the next one off the end).
+        links["chain_remainder"] = [_brief(s) for s in reversed(chain)]
+    if not links:
+        return None
+    for key in ("root_id", "parent_id"):
+        if data.get(key) and data[key] != task_id:
+            links[key] = data[key]
+    return links
+
+
+def next_step_of(data: Mapping[str, Any]) -> Any:
+    """The signature the job's success would have sent next: its chain's next step, else its
+    first link; ``None`` when nothing follows it (a chord's callback is the backend's)."""
+    chain = data.get("chain")
+    if chain and isinstance(chain, list):
+        return chain[-1]
+    callbacks = data.get("callbacks")
+    if callbacks and isinstance(callbacks, list):
+        return callbacks[0]
+    return None
+
+
+def upstream_letter(
+    app: Any,
+    signature: Any,
+    *,
+    error_type: str,
+    error: str,
+    links: dict[str, Any],
+    worker: str | None,
+) -> DeadLetter:
+    """The dead letter of a chain step or chord callback that will never run because a job
+    before it died (reason ``upstream_failed``). Its args are the step's own partial ones:
+    the input it was waiting for never came."""
+    options = dict(signature.get("options") or {})
+    name = str(signature.get("task") or "")
+    task = app.tasks.get(name)
+    queue = options.get("queue") or getattr(task, "queue_class", None) or ""
+    remainder = options.get("chain")
+    if remainder and isinstance(remainder, list):
+        links = {**links, "chain_remainder": [_brief(s) for s in reversed(remainder)]}
+    if options.get("link"):
+        links = {**links, "callbacks": [_brief(s) for s in options["link"]]}
+    return DeadLetter(
+        reason="upstream_failed",
+        task_id=options.get("task_id"),
+        task_name=name,
+        queue=str(getattr(queue, "name", queue)),
+        errors=[history.entry(error_type, error, 0)],
+        failed_at=utcnow(),
+        args=arguments.to_stored(_as_given(signature.get("args") or [], list)),
+        kwargs=arguments.to_stored(_as_given(signature.get("kwargs") or {}, dict)),
+        headers=arguments.to_stored({history.CANVAS_HEADER: links}),
+        priority=options.get("priority"),
+        attempts=0,
+        worker=worker,
+        chain="upstream_failed",  # one letter per step, however often its upstream dies
+    )
 
 
 def reason_for(exc: BaseException, failure: history.FinalFailure | None = None) -> str:
@@ -136,6 +229,9 @@ def _letter(
     delivery = origin.delivery_info
     enqueued = headers.get(history.ENQUEUED_HEADER)
     replay_of = headers.get(history.REPLAY_OF_HEADER)
+    stored = {k: v for k, v in headers.items() if k != history.ERRORS_HEADER}
+    if origin.canvas:
+        stored[history.CANVAS_HEADER] = origin.canvas
     return DeadLetter(
         reason=reason,
         task_id=task_id,
@@ -145,9 +241,7 @@ def _letter(
         failed_at=utcnow(),
         args=arguments.to_stored(_as_given(args, list)),
         kwargs=arguments.to_stored(_as_given(kwargs, dict)),
-        headers=arguments.to_stored(
-            {k: v for k, v in headers.items() if k != history.ERRORS_HEADER}
-        ),
+        headers=arguments.to_stored(stored),
         priority=delivery.get("priority"),
         exchange=delivery.get("exchange"),
         routing_key=delivery.get("routing_key"),

@@ -33,6 +33,7 @@ REASONS: tuple[str, ...] = (
     "expired",
     "rejected",
     "version_skew",
+    "upstream_failed",
 )
 #: Where a row is in its life: ``dead`` until a person replays or discards it.
 STATUSES: tuple[str, ...] = ("dead", "replayed", "discarded")

@@ -39,6 +39,7 @@ CHAIN_HEADERS = (
     history.ENQUEUED_HEADER,
     history.REPLAY_OF_HEADER,
     history.VERSION_WAIT_HEADER,
+    history.CANVAS_HEADER,
 )
 #: Celery's own message headers (task protocol 2), which Celery sets for each message.
 #: Passed to ``apply_async(headers=...)`` they would *override* the new message's
@@ -90,6 +91,13 @@ class ReplayRefused(JobsPlatformError):
 def check_replayable(row: dict[str, Any], *, allow_redacted: bool = False) -> None:
     if row["status"] != "dead":
         raise ReplayRefused(f"dead letter {row['id']} is {row['status']}, not dead")
+    if row["reason"] == "upstream_failed":
+        raise ReplayRefused(
+            f"dead letter {row['id']} is a chain step or chord callback that never ran: its "
+            "input (the results of the jobs before it) was never made. Replay the dead jobs "
+            "before it, then send this step yourself with their results (a batch's callbacks "
+            "fire on replay: jobs_platform.batch)"
+        )
     if row["reason"] == "poison" and row["args"] is None:
         raise ReplayRefused(
             f"dead letter {row['id']} is a poison message with no decodable JSON payload"
