@@ -24,7 +24,6 @@ docs/batches.md is the whole story.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,12 +40,14 @@ class Batch:
 
     def state(self) -> Any:
         """The batch's row now (:class:`jobs_platform.batches.state.BatchState`)."""
-        state = importlib.import_module("jobs_platform.batches.state")
+        from jobs_platform.batches import state  # SQLAlchemy: on use
+
         return state.get(self.app, self.id)
 
     def cancel(self, reason: str) -> bool:
         """Members not started yet will not run; whether this call cancelled the batch."""
-        create = importlib.import_module("jobs_platform.batches.create")
+        from jobs_platform.batches import create  # SQLAlchemy: on use
+
         return bool(create.cancel(self.app, self.id, reason))
 
     def __repr__(self) -> str:
@@ -75,7 +76,8 @@ def batch(
     sigs = list(signatures)
     if app is None:
         app = sigs[0].app if sigs and hasattr(sigs[0], "app") else _current_app()
-    create = importlib.import_module("jobs_platform.batches.create")  # SQLAlchemy: on use
+    from jobs_platform.batches import create  # SQLAlchemy: on use
+
     made = create.create(
         app,
         name,
