@@ -46,14 +46,33 @@ class BatchState:
         return data
 
 
-def status_of(pending: int, dead: int, cancelled_at: Any) -> str:
+def status_of(pending: int, dead: int, cancelled: int, cancelled_at: Any) -> str:
     """``cancelled`` once cancel was asked; else ``running`` while members are pending, then
-    ``failed`` (settled with dead members) or ``succeeded``."""
+    ``failed`` (settled with dead members), ``cancelled`` (settled with cancelled members: the
+    members a broker failure left unsent) or ``succeeded`` (every member succeeded: exactly
+    when ``on_success`` is due)."""
     if cancelled_at is not None:
         return "cancelled"
     if pending:
         return "running"
-    return "failed" if dead else "succeeded"
+    if dead:
+        return "failed"
+    return "cancelled" if cancelled else "succeeded"
+
+
+def _where_status(status: str) -> Any:
+    """:func:`status_of` as a SQL condition (so ``--status`` and ``--limit`` go together)."""
+    asked = B.cancelled_at.is_not(None)
+    if status == "cancelled":
+        return sa.or_(asked, sa.and_(B.pending == 0, B.dead == 0, B.cancelled > 0))
+    settled = sa.and_(~asked, B.pending == 0)
+    if status == "running":
+        return sa.and_(~asked, B.pending > 0)
+    if status == "failed":
+        return sa.and_(settled, B.dead > 0)
+    if status == "succeeded":
+        return sa.and_(settled, B.dead == 0, B.cancelled == 0)
+    raise ValueError(f"a batch's status is one of {STATUSES}, not {status!r}")
 
 
 _COLUMNS = (
@@ -83,7 +102,7 @@ def _state(row: Any) -> BatchState:
     return BatchState(
         id=row.id,
         name=row.name,
-        status=status_of(row.pending, row.dead, row.cancelled_at),
+        status=status_of(row.pending, row.dead, row.cancelled, row.cancelled_at),
         total=int(row.total),
         pending=int(row.pending),
         succeeded=int(row.succeeded),
@@ -119,16 +138,13 @@ def get(app: Any, batch_id: str, *, engine: sa.Engine | None = None) -> BatchSta
 def listing(
     app: Any, *, status: str | None = None, limit: int = 50, engine: sa.Engine | None = None
 ) -> list[BatchState]:
-    """The newest batches first (``status`` filters after reading)."""
+    """The newest ``limit`` batches first (of ``status``, if given)."""
     engine = engine or db.engine_for(app.jobs_settings.database_url)
-    query = sa.select(*_COLUMNS).order_by(B.created_at.desc(), B.id)
-    if status == "running":
-        query = query.where(B.pending > 0, B.cancelled_at.is_(None))
-    with engine.connect() as conn:
-        rows = [_state(r) for r in conn.execute(query.limit(limit if status is None else None))]
+    query = sa.select(*_COLUMNS).order_by(B.created_at.desc(), B.id).limit(limit)
     if status is not None:
-        rows = [r for r in rows if r.status == status]
-    return rows[:limit]
+        query = query.where(_where_status(status))
+    with engine.connect() as conn:
+        return [_state(r) for r in conn.execute(query)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,9 +165,9 @@ def open_batches(conn: sa.Connection) -> Open:
 
 
 def prune(engine: sa.Engine, retention_s: float, now: dt.datetime | None = None) -> int:
-    """Delete batches settled more than ``retention_s`` ago with their members (and members
-    whose batch is gone); how many batches went. A batch with dead members is kept until
-    it succeeds or is old enough: its replay would find no batch to count in."""
+    """Delete batches settled (``completed_at``) more than ``retention_s`` ago with their
+    members' outcomes; how many batches went. Running batches are kept however old; a
+    settled one with dead members goes too (a replay after that runs, counted nowhere)."""
     cutoff = (now or utcnow()) - dt.timedelta(seconds=retention_s)
     old = sa.select(B.id).where(B.completed_at < cutoff, B.pending == 0)
     with engine.begin() as conn:

@@ -6,7 +6,10 @@
   the dead members replayed through the real replay after the "fix": on_success once;
 - a batch cancelled mid-way: no member starts after the cancel (beyond those already past
   the check), the rest are counted cancelled, on_complete once;
-- members that add members and then fail their first attempt: the re-run adds them once.
+- members that add members and then fail their first attempt: the re-run adds them once;
+- members dead-lettered by the worker's main process (one SIGKILLs its pool process every
+  run: worker_lost after max_retries; one overruns its hard time limit, which Celery reports
+  twice): each counted dead once, linked to its letter, on_failure and on_complete once.
 """
 
 from __future__ import annotations
@@ -26,16 +29,26 @@ import redis
 import sqlalchemy as sa
 
 from jobs_platform import batch
+from jobs_platform.batches import counting
+from jobs_platform.batches.counting import callback_task_id
 from jobs_platform.batches.model import batches, members
 from jobs_platform.db import engine_for, upgrade
 from jobs_platform.deadletter.replay import replay_rows
 from jobs_platform.deadletter.store import DeadLetterStore, Filter
+from jobs_platform.outbox.model import job_outbox
 from jobs_platform.testing import WorkerProcess, wait_for
 
 pytestmark = pytest.mark.acceptance
 
 ROOT = Path(__file__).resolve().parents[2]
-KEYS = ("batch:runs", "batch:starts", "batch:poison", "batch:callbacks", "batch:spawns")
+KEYS = (
+    "batch:runs",
+    "batch:starts",
+    "batch:poison",
+    "batch:callbacks",
+    "batch:spawns",
+    "batch:doomed",
+)
 
 
 @pytest.fixture(scope="module")
@@ -194,3 +207,55 @@ def test_a_member_that_adds_members_counts_them_once(
         row = counts(url, made.id)
         assert (row.total, row.succeeded, row.pending, row.dead) == (18, 18, 0, 0)
         assert all(int(v) == 2 for v in r.hvals("batch:spawns"))  # each spawner ran twice
+
+
+def test_members_dead_lettered_by_the_main_process_count_dead_once(
+    env: dict[str, str], tasks: Any, r: redis.Redis, tmp_path: Path
+) -> None:
+    url = env["JOBS_DATABASE_URL"]
+    cb = tasks.callback
+    with worker(env, tmp_path, "e", concurrency=2) as w:
+        made = batch(
+            "main process deaths",
+            [tasks.member.s(1), tasks.killer.s(1), tasks.hung.s(1)],
+            on_complete=cb.s("on_complete"),
+            on_success=cb.s("on_success"),
+            on_failure=cb.s("on_failure"),
+        )
+        wait_for(lambda: counts(url, made.id).completed_at is not None, timeout_s=60)
+        wait_for(lambda: len(callbacks(r, made.id)) >= 2, timeout_s=30)
+        # Celery reports a hard time limit twice (the second through the main process's
+        # spool): wait until both reports were handled before counting.
+        wait_for(
+            lambda: "Task handler raised error: TimeLimitExceeded" in w.log(),
+            timeout_s=20,
+            message="the second hard-time-limit report",
+        )
+        spool_key = tasks.app.jobs_settings.dlq_spool_key
+        wait_for(lambda: r.llen(spool_key) == 0, timeout_s=30, message="the spool to drain")
+        row = counts(url, made.id)
+        assert (row.total, row.pending, row.succeeded, row.dead, row.cancelled) == (3, 0, 1, 2, 0)
+        assert outcomes(url, made.id) == {"succeeded": 1, "dead": 2}
+        assert r.hgetall("batch:doomed") == {"killer1": "2", "hung1": "1"}  # max_retries=1
+        shown = made.state()
+        store = DeadLetterStore(url)
+        reasons = {}
+        for member_id, letter_id in shown.dead_letters.items():
+            letter = store.get(letter_id)
+            assert letter is not None and letter["task_id"] == member_id
+            reasons[letter["task_name"]] = letter["reason"]
+        assert reasons == {"batch.killer": "worker_lost", "batch.hung": "time_limit"}
+        # Each callback is one outbox row under an id derived from (batch, callback): a
+        # second enqueue could not add a row; on_success has none.
+        with engine_for(url).connect() as conn:
+            queued = conn.execute(
+                sa.select(job_outbox.c.task_id).where(
+                    job_outbox.c.task_id.in_(
+                        [callback_task_id(made.id, c) for c in counting.CALLBACKS]
+                    )
+                )
+            ).scalars()
+            assert sorted(queued) == sorted(
+                callback_task_id(made.id, c) for c in ("on_complete", "on_failure")
+            )
+        assert callbacks(r, made.id) == ["on_complete", "on_failure"]

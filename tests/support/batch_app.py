@@ -5,15 +5,19 @@ set to the test's own; the coordination Redis (the broker's) records runs and ca
 
 - ``batch:runs`` (hash member n -> runs), ``batch:starts`` (list of n, in order of start);
 - ``batch:poison`` (set of n that fail permanently until removed: "fixed");
-- ``batch:callbacks`` (list of "<callback>:<batch id>").
+- ``batch:callbacks`` (list of "<callback>:<batch id>");
+- ``batch:doomed`` (hash "<kind><n>" -> runs of ``batch.killer`` / ``batch.hung``).
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from typing import Any
 
 import redis
+from celery.exceptions import SoftTimeLimitExceeded
 
 from jobs_platform import PermanentError, ReliableTask, TransientError, create_app
 
@@ -60,6 +64,31 @@ def spawner(self: Any, n: int, children: int) -> int:
     if client(self).hincrby("batch:spawns", str(n), 1) == 1:
         raise TransientError("first attempt fails after adding")
     return n
+
+
+@app.task(base=ReliableTask, bind=True, name="batch.killer", queue="fast", max_retries=1)
+def killer(self: Any, n: int) -> None:
+    """SIGKILLs its pool process every run: after max_retries, the main process dead-letters
+    it (worker_lost)."""
+    client(self).hincrby("batch:doomed", f"killer{n}", 1)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@app.task(
+    base=ReliableTask,
+    bind=True,
+    name="batch.hung",
+    queue="fast",
+    time_limit=1.0,
+    soft_time_limit=0.5,
+)
+def hung(self: Any, n: int) -> None:
+    """Ignores its soft limit: the main process kills it at the hard one (time_limit)."""
+    client(self).hincrby("batch:doomed", f"hung{n}", 1)
+    try:
+        time.sleep(10)
+    except SoftTimeLimitExceeded:
+        time.sleep(10)
 
 
 @app.task(base=ReliableTask, bind=True, name="batch.callback", queue="fast")
