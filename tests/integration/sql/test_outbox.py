@@ -66,7 +66,7 @@ def test_a_commit_writes_the_job_with_the_returned_id(app: Any, session: Session
     [row] = rows(app.jobs_settings.database_url)
     assert row.task_id == result.id and row.task_name == "shop.charge"
     assert loads(row.payload) == [[7], {"amount": Decimal("9.99")}]  # typed, as .delay()
-    assert loads(row.options) == {}
+    assert loads(row.options) == {"headers": {"jobs_version": 1}}  # the payload version
     assert row.published_at is None
 
 
