@@ -337,9 +337,15 @@ def report(rep: Any) -> None:
         "each (self.checkpoint), as one batch: the bad row killed its own chunk at once (a "
         "PermanentError, no retries) and no other; the replay of that one letter started at "
         "its checkpoint, not at row one. The batch counted each chunk once and called each "
-        "callback once, through the outbox (docs/batches.md, docs/checkpoints.md). "
-        f"To look again: celery -A tasks batch show {step.batch_id}"
-        + (f"; celery -A tasks dlq show {step.dead_letter_id}" if step.dead_letter_id else "")
+        "callback once, through the outbox (docs/batches.md, docs/checkpoints.md)."
+    )
+    rep.console.print(
+        f"To look again: [bold]celery -A tasks batch show {step.batch_id}[/]"
+        + (
+            f", [bold]celery -A tasks dlq show {step.dead_letter_id}[/]"
+            if step.dead_letter_id
+            else ""
+        )
     )
     expected_at = step.malformed_row // imports.CHECKPOINT_EVERY * imports.CHECKPOINT_EVERY
     rep.expect(

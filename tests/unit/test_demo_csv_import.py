@@ -99,7 +99,7 @@ def test_the_section_says_what_happened_and_its_expectations_hold(tmp_path: Path
     assert "10 members: 10 succeeded, 0 dead, 0 cancelled, 0 pending (status succeeded)" in text
     assert "it saw 4,800 rows (200 of the dead chunk's not in yet)" in text
     assert "rows imported │ 5,000 of the file's 5,000" in text
-    assert f"celery -A tasks batch show {BATCH}; celery -A tasks dlq show 2" in text
+    assert f"To look again: celery -A tasks batch show {BATCH}, celery -A tasks dlq show 2" in text
     assert [(c.what, c.ok) for c in report.checks] == [
         ("the import's malformed row dead-lettered its chunk alone, with its checkpoint", True),
         ("the replayed chunk resumed at its checkpoint and the batch succeeded", True),
