@@ -8,13 +8,25 @@ Start a worker per queue with ``celery -A tasks worker-profile fast`` (see docs/
 """
 
 # Importing the modules declares (and validates) their tasks on the app (tasks/jobs.py).
-from tasks import billing, email, media, partner, reminders, reports, schedule, shop, tenants
+from tasks import (
+    billing,
+    email,
+    imports,
+    media,
+    partner,
+    reminders,
+    reports,
+    schedule,
+    shop,
+    tenants,
+)
 from tasks.jobs import app
 
 __all__ = [
     "app",
     "billing",
     "email",
+    "imports",
     "media",
     "partner",
     "reminders",

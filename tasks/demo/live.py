@@ -29,6 +29,8 @@ class LiveView:
         self.events = events
         self.since = since
         self.phase = "starting"
+        #: A step's own progress (the import's chunks settled), under the table while set.
+        self.progress = ""
         self._live: Live | None = None
         self._last_line = 0.0
 
@@ -69,6 +71,8 @@ class LiveView:
             f"beat runs sent: {int(beat)}",
             style="dim",
         )
+        if self.progress:
+            return Group(table, footer, Text(self.progress, style="bold"))
         return Group(table, footer)
 
     def tick(self) -> None:

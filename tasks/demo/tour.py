@@ -12,6 +12,8 @@ Timeline (seconds from the start of the workload; the short form compresses it):
 - as soon as a charge is in flight at the gateway, the ``thirdparty`` worker is SIGKILLed
   (main process and pool), restarted, and the jobs it held are redelivered;
 - all along, two beats send the stock refresh every second;
+- once the tenant storm's statements ended: a CSV import as a batch of chunks, one of them
+  dead-lettered by a malformed row, fixed and replayed (:mod:`.csv_import`);
 - once every job has ended, the beats stop, the reminders are cancelled, the facts are read.
 """
 
@@ -44,7 +46,7 @@ from jobs_platform.idempotency import unique
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
 from tasks import billing, email, media, reminders, shop
-from tasks.demo import checkout, fairness
+from tasks.demo import checkout, csv_import, fairness
 from tasks.demo.broker import Broker
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sample, Sampler, Track
@@ -190,6 +192,8 @@ class Facts:
     checkout: checkout.Checkout | None = None
     #: The tenant storm (tasks/demo/fairness.py).
     fairness: fairness.Storm | None = None
+    #: The CSV import as a batch of chunks (tasks/demo/csv_import.py).
+    csv_import: csv_import.Import | None = None
 
     def mark(self, label: str) -> None:
         self.marks.append((time.time(), label))
@@ -681,6 +685,10 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
     traffic.check()
     view.phase = f"{w.name} tour: a tenant storm"
     facts.fairness = fairness.storm(w.name, view.say)
+    view.phase = f"{w.name} tour: a CSV import as a batch"
+    facts.mark("CSV import")
+    facts.csv_import = csv_import.run(w.name, view)
+    view.phase = f"{w.name} tour: draining"
     wait_until_done(facts, view, events, client, w.drain_timeout_s)
     delayed = facts.delayed
     delayed.still_stored_after = delayed_get(client, keys_for(app), delayed.task_id) is not None
@@ -696,6 +704,7 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
     wait_until_done(facts, view, events, client, 60)
     read_sync_runs(facts)
     checkout.settle(facts)
+    csv_import.settle(facts.csv_import)
     cancel_reminders(facts, view, client)
     time.sleep(1.0)  # the last events and counter flushes (every 2 s) are informational
     view.phase = f"{w.name} tour: done"

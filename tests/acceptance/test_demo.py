@@ -36,6 +36,7 @@ SECTIONS = (
     "7. Beat: two beats, a 1-second entry, each slot sent once",
     "8. The warehouse's rate limit",
     "8b. A tenant storm on the heavy queue (fairness_key)",
+    "8c. A 5,000-row CSV import as a batch of 500-row chunks",
     "Expectations",
     "Where to look next",
 )
