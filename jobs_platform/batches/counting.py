@@ -143,8 +143,17 @@ def _plain_statement(outcome: str) -> sa.TextClause:
     )
 
 
-#: One statement per outcome, built once (compiled once per dialect by SQLAlchemy's cache).
+#: One statement per outcome, built once; its SQL text per dialect, compiled once.
 _PLAIN = {outcome: _plain_statement(outcome) for outcome in SETTLED}
+_PLAIN_SQL: dict[tuple[str, str], str] = {}
+
+
+def _plain_sql(dialect: sa.Dialect, outcome: str) -> str:
+    key = (dialect.name, outcome)
+    sql = _PLAIN_SQL.get(key)
+    if sql is None:
+        sql = _PLAIN_SQL[key] = str(_PLAIN[outcome].compile(dialect=dialect))
+    return sql
 
 
 def record_plain(
@@ -158,10 +167,13 @@ def record_plain(
     now: dt.datetime | None = None,
 ) -> Change | None:
     """The common recording in one statement (PostgreSQL): a member recorded for the first
-    time that settles nothing (no callback due). It is atomic on its own (``conn`` may be in
-    autocommit). ``None`` when it did not apply (not PostgreSQL; the member has a row
+    time that settles nothing (no callback due). It is atomic on its own: ``conn`` must be
+    in autocommit. ``None`` when it did not apply (not PostgreSQL; the member has a row
     already: a duplicate, an added member, a replay; the batch would settle or see its first
-    death; the batch is gone): nothing was written, and :func:`record` decides."""
+    death; the batch is gone): nothing was written, and :func:`record` decides.
+
+    Run on the driver's cursor (the SQL compiled once): SQLAlchemy's execution layer cost
+    more CPU than the statement itself. A driver error is raised as the driver's."""
     if conn.dialect.name != "postgresql":
         return None
     if outcome not in SETTLED:
@@ -173,7 +185,13 @@ def record_plain(
         "dead_letter_id": dead_letter_id,
         "now": now or utcnow(),
     }
-    counts = conn.execute(_PLAIN[outcome], params).first()
+    dbapi_conn: Any = conn.connection.dbapi_connection
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(_plain_sql(conn.dialect, outcome), params)
+        counts = cursor.fetchone()
+    finally:
+        cursor.close()
     if counts is None:
         return None
     pending, succeeded, dead, cancelled = counts
@@ -188,15 +206,17 @@ def record_alone(
     else :func:`record` in a transaction."""
     if url.startswith("postgresql"):
         for attempt in (1, 2):
-            try:
-                with db.statement_engine_for(url).connect() as conn:
+            with db.statement_engine_for(url).connect() as conn:
+                try:
                     change = record_plain(conn, batch_id, member_id, outcome, task_name=task_name)
-                break
-            except sa.exc.DBAPIError as exc:
-                # A pooled connection that died since its last use (no ping): once more on
-                # a new one. Safe even if the first run committed: the member is there.
-                if attempt == 2 or not exc.connection_invalidated:
-                    raise
+                    break
+                except Exception:
+                    # Say a pooled connection that died since its last use (no ping): drop
+                    # it and run once more on a new one. Safe even if the first run
+                    # committed: the member's row is there, and nothing counts twice.
+                    conn.invalidate()
+                    if attempt == 2:
+                        raise
         if change is not None:
             return change
     with db.engine_for(url).begin() as conn:
