@@ -10,7 +10,11 @@ real worker (prefork -c 2, the ``fast`` queue) of ``bench/apps/batches.py``:
    dispatch to the last run (the batch: to its ``completed_at``), divided by N; the ratio
    is the median of the per-round ratios. Target: batch <= 1.3 x delay_many. The
    PostgreSQL server's own CPU is not counted (it is another process on the machine).
-2. **Creating a 100,000-member batch**: the wall time of ``batch()`` (checks, the batch
+2. **A member's own path, in process**: the CPU of the worker's two batch calls (the
+   cancel check before the body, the outcome after it: ``jobs_platform.batches.running``)
+   for members of one open batch, called in a loop in this process (warm: the floor of
+   what the worker adds per member, without the worker's scheduling around it).
+3. **Creating a 100,000-member batch**: the wall time of ``batch()`` (checks, the batch
    row, the bulk publish) with no worker running, beside ``delay_many`` of the same calls.
 
 Prints a summary and writes ``bench/results/batches.json``.
@@ -25,6 +29,7 @@ import platform
 import statistics
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,7 @@ from bench.apps.batches import RUNS_KEY, make
 from bench.outbox import pg_database
 from bench.throughput import ROOT, group_cpu_s
 from jobs_platform import batch, db
+from jobs_platform.batches import counting, marks, running
 from jobs_platform.batches.model import batches, members
 from jobs_platform.testing import RedisServer, WorkerProcess, wait_for
 
@@ -96,6 +102,26 @@ def cpu_per_member(app: Any, url: str, server: RedisServer, n: int, rounds: int)
     }
 
 
+def member_path(app: Any, url: str, n: int) -> dict[str, Any]:
+    """CPU microseconds per member of the cancel check and of the outcome, in process."""
+    noop = app.tasks["bench.batches.noop"]
+    batch_id = str(uuid.uuid4())
+    with db.engine_for(url).begin() as conn:
+        counting.create(conn, batch_id, "member path", 2 * n + 2, {})
+    marks.mark_open(app, batch_id)
+    for i in range(n // 10):  # warm-up: connections, prepared statements
+        running.before_body(noop, batch_id, f"w{i}")
+        running.succeeded(noop, batch_id, f"w{i}")
+    out = {}
+    for name, call in (("check", running.before_body), ("outcome", running.succeeded)):
+        started = time.process_time()
+        for i in range(n):
+            call(noop, batch_id, f"m{i}")
+        out[f"{name}_us"] = round((time.process_time() - started) / n * 1e6)
+    out["members"] = n
+    return out
+
+
 def creation(app: Any, url: str, server: RedisServer, n: int) -> dict[str, Any]:
     client = redis.Redis.from_url(server.url)
     noop = app.tasks["bench.batches.noop"]
@@ -122,10 +148,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         db.upgrade(url)
         app = make(server.url, url)
         cpu = cpu_per_member(app, url, server, args.members, args.rounds)
+        path = member_path(app, url, args.members)
         created = creation(app, url, server, args.create)
     return {
         "machine": {"python": platform.python_version(), "cpus": __import__("os").cpu_count()},
         "cpu": cpu,
+        "member_path": path,
         "create": created,
         "target_ratio": TARGET_RATIO,
         "met": cpu["ratio"] <= TARGET_RATIO,
@@ -148,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
         f" us, batch {cpu['cpu_us_per_member']['batch']} us: {cpu['ratio']}x "
         f"(target <= {TARGET_RATIO}x: {'met' if result['met'] else 'MISSED'}); rounds "
         f"{cpu['ratios']}"
+    )
+    path = result["member_path"]
+    print(
+        f"a member's own path, in process: cancel check {path['check_us']} us, outcome "
+        f"{path['outcome_us']} us CPU"
     )
     created = result["create"]
     print(

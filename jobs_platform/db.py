@@ -67,6 +67,26 @@ def engine_for(url: str) -> sa.Engine:
     return per_process(("engine", url), lambda: _create(url), release=_release)
 
 
+def statement_engine_for(url: str) -> sa.Engine:
+    """This process's engine for one-statement transactions on a hot path (a batch member's
+    outcome, :func:`jobs_platform.batches.counting.record_alone`): PostgreSQL in autocommit
+    (no BEGIN/COMMIT round trips) and no ping at checkout (a ping is a round trip per
+    statement). A pooled connection found dead fails its statement with
+    ``connection_invalidated`` (the pool drops it): the caller runs the statement once more.
+    Two connections kept per process at most; SQLite uses :func:`engine_for`."""
+    return per_process(("statements", url), lambda: _create_statements(url), release=_release)
+
+
+def _create_statements(url: str) -> sa.Engine:
+    return sa.create_engine(
+        url,
+        isolation_level="AUTOCOMMIT",
+        pool_size=2,
+        max_overflow=8,
+        connect_args={"connect_timeout": 5},
+    )
+
+
 def _release(engine: sa.Engine) -> None:
     engine.dispose(close=False)  # a forked child must not close the parent's connections
 

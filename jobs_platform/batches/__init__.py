@@ -15,6 +15,7 @@
                  the settling transition writes the callbacks to the outbox (SQLAlchemy)
     members.py   check every member (bulk's checks), publish with the header (bulk)
     create.py    batch(): check, write the batch, publish; cancel            (SQLAlchemy)
+    marks.py     the open mark on the coordination Redis: the cheap "cancelled?" (Redis)
     running.py   the member side: cancelled? succeeded; self.batch.add()    (Celery)
     state.py     what `batch list/show`, metrics and retention read          (SQLAlchemy)
 

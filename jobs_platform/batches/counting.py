@@ -28,6 +28,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from jobs_platform import db
 from jobs_platform.batches.model import batches, members
 from jobs_platform.clock import utcnow
 from jobs_platform.db import insert_ignoring
@@ -75,6 +76,7 @@ def record(
     if outcome not in SETTLED:
         raise ValueError(f"a member settles as one of {SETTLED}, not {outcome!r}")
     now = now or utcnow()
+    lock_batch(conn, batch_id)
     values = {"outcome": outcome, "dead_letter_id": dead_letter_id, "updated_at": now}
     before = _write_outcome(conn, batch_id, member_id, outcome, task_name, values)
     if before is None:
@@ -100,6 +102,125 @@ def record(
         due.append("on_success")
     enqueued = enqueue_callbacks(conn, batch_id, due, now) if due else ()
     return Change(before, outcome, pending, succeeded, dead, cancelled, enqueued)
+
+
+_LOCK = sa.select(B.id).where(B.id == sa.bindparam("batch_id")).with_for_update()
+
+
+def lock_batch(conn: sa.Connection, batch_id: str) -> None:
+    """Lock the batch row first (PostgreSQL): every writer of a batch's rows takes the batch
+    row, then member rows, as :func:`record_plain` does, so that no two wait on each other.
+    (SQLite serialises writers on the database; a read there before the first write would
+    only risk a busy snapshot.)"""
+    if conn.dialect.name == "postgresql":
+        conn.execute(_LOCK, {"batch_id": batch_id})
+
+
+def _plain_statement(outcome: str) -> sa.TextClause:
+    # The batch row is locked first (FOR UPDATE re-reads it as committed): only while more
+    # than this member is pending, and (for a death) after the first death was recorded,
+    # can this recording settle nothing. The member row is inserted from that lock's row,
+    # and the counters move only for a row inserted.
+    first_death = " AND failed_at IS NOT NULL" if outcome == "dead" else ""
+    return sa.text(
+        f"""
+        WITH b AS (
+            SELECT id FROM job_batches WHERE id = :batch_id AND pending > 1{first_death}
+            FOR UPDATE
+        ), ins AS (
+            INSERT INTO job_batch_members
+                (batch_id, member_id, outcome, task_name, dead_letter_id, updated_at)
+            SELECT b.id, CAST(:member_id AS VARCHAR), '{outcome}', CAST(:task_name AS VARCHAR),
+                CAST(:dead_letter_id AS BIGINT), CAST(:now AS TIMESTAMP WITH TIME ZONE)
+            FROM b
+            ON CONFLICT (batch_id, member_id) DO NOTHING
+            RETURNING batch_id
+        )
+        UPDATE job_batches SET pending = pending - 1, {outcome} = {outcome} + 1
+        WHERE id IN (SELECT batch_id FROM ins)
+        RETURNING pending, succeeded, dead, cancelled
+        """
+    )
+
+
+#: One statement per outcome, built once; its SQL text per dialect, compiled once.
+_PLAIN = {outcome: _plain_statement(outcome) for outcome in SETTLED}
+_PLAIN_SQL: dict[tuple[str, str], str] = {}
+
+
+def _plain_sql(dialect: sa.Dialect, outcome: str) -> str:
+    key = (dialect.name, outcome)
+    sql = _PLAIN_SQL.get(key)
+    if sql is None:
+        sql = _PLAIN_SQL[key] = str(_PLAIN[outcome].compile(dialect=dialect))
+    return sql
+
+
+def record_plain(
+    conn: sa.Connection,
+    batch_id: str,
+    member_id: str,
+    outcome: str,
+    *,
+    task_name: str = "",
+    dead_letter_id: int | None = None,
+    now: dt.datetime | None = None,
+) -> Change | None:
+    """The common recording in one statement (PostgreSQL): a member recorded for the first
+    time that settles nothing (no callback due). It is atomic on its own: ``conn`` must be
+    in autocommit. ``None`` when it did not apply (not PostgreSQL; the member has a row
+    already: a duplicate, an added member, a replay; the batch would settle or see its first
+    death; the batch is gone): nothing was written, and :func:`record` decides.
+
+    Run on the driver's cursor (the SQL compiled once): SQLAlchemy's execution layer cost
+    more CPU than the statement itself. A driver error is raised as the driver's."""
+    if conn.dialect.name != "postgresql":
+        return None
+    if outcome not in SETTLED:
+        raise ValueError(f"a member settles as one of {SETTLED}, not {outcome!r}")
+    params = {
+        "batch_id": batch_id,
+        "member_id": member_id,
+        "task_name": task_name,
+        "dead_letter_id": dead_letter_id,
+        "now": now or utcnow(),
+    }
+    dbapi_conn: Any = conn.connection.dbapi_connection
+    cursor = dbapi_conn.cursor()
+    try:
+        cursor.execute(_plain_sql(conn.dialect, outcome), params)
+        counts = cursor.fetchone()
+    finally:
+        cursor.close()
+    if counts is None:
+        return None
+    pending, succeeded, dead, cancelled = counts
+    return Change("pending", outcome, pending, succeeded, dead, cancelled, ())
+
+
+def record_alone(
+    url: str, batch_id: str, member_id: str, outcome: str, *, task_name: str = ""
+) -> Change | None:
+    """Record in a transaction of its own (the worker's), on the database at ``url``:
+    :func:`record_plain` when it applies (PostgreSQL: one statement, autocommit, no ping),
+    else :func:`record` in a transaction."""
+    if url.startswith("postgresql"):
+        for attempt in (1, 2):
+            with db.statement_engine_for(url).connect() as conn:
+                try:
+                    change = record_plain(conn, batch_id, member_id, outcome, task_name=task_name)
+                    break
+                except Exception:
+                    # Say a pooled connection that died since its last use (no ping): drop
+                    # it and run once more on a new one. Safe even if the first run
+                    # committed: the member's row is there, and nothing counts twice.
+                    conn.invalidate()
+                    if attempt == 2:
+                        raise
+        if change is not None:
+            return change
+    with db.engine_for(url).begin() as conn:
+        return record(conn, batch_id, member_id, outcome, task_name=task_name)
 
 
 def _write_outcome(
@@ -202,6 +323,7 @@ def add_members(
     """Add ``(member_id, task_name)`` pending members; how many were new (a re-run of the
     adding member adds the same ids, which count once)."""
     now = now or utcnow()
+    lock_batch(conn, batch_id)
     new = 0
     for member_id, task_name in added:
         row = {

@@ -19,15 +19,16 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import redis
 import sqlalchemy as sa
 from celery.utils import uuid
 
 from jobs_platform import arguments, db, rules
-from jobs_platform.batches import counting, members
+from jobs_platform.batches import counting, marks, members
 from jobs_platform.batches.model import batches
 from jobs_platform.bulk.calls import BulkDispatchError, check_arguments
 from jobs_platform.bulk.messages import COPYABLE_OPTIONS
-from jobs_platform.errors import DispatchError
+from jobs_platform.errors import DispatchError, JobsPlatformError
 
 #: The options a callback may carry: those the outbox relay sends as given.
 CALLBACK_OPTIONS = COPYABLE_OPTIONS - {"task_id"}
@@ -58,6 +59,8 @@ def create(
     engine = db.engine_for(app.jobs_settings.database_url)
     with engine.begin() as conn:
         counting.create(conn, batch_id, name, len(sigs), encoded)
+    if sigs:
+        marks.mark_open(app, batch_id)  # before any member can ask
     try:
         results = members.publish(groups, len(sigs))
     except BulkDispatchError as exc:
@@ -112,4 +115,12 @@ def cancel(app: Any, batch_id: str, reason: str) -> bool:
     with engine.begin() as conn:
         if conn.execute(sa.select(batches.c.id).where(batches.c.id == batch_id)).first() is None:
             raise KeyError(batch_id)
+        try:
+            # Before the commit: a member that still finds the mark started before it.
+            marks.clear(app, batch_id)
+        except redis.RedisError as exc:
+            raise JobsPlatformError(
+                f"batch {batch_id}: the open mark on the coordination Redis cannot be "
+                f"deleted ({exc}); nothing was cancelled, try again"
+            ) from exc
         return counting.cancel(conn, batch_id, reason)

@@ -23,7 +23,7 @@ from typing import Any
 from celery.exceptions import Ignore
 
 from jobs_platform import db, history
-from jobs_platform.batches import counting, members
+from jobs_platform.batches import counting, marks, members
 from jobs_platform.errors import DispatchError
 
 logger = logging.getLogger("jobs_platform.batches")
@@ -44,6 +44,8 @@ def membership(request: Any) -> tuple[str, str] | None:
 
 def before_body(task: Any, batch_id: str, member_id: str) -> None:
     """Raise ``Ignore`` (after counting the member cancelled) if the batch is cancelled."""
+    if marks.is_open(task.app, batch_id):
+        return  # one EXISTS on the coordination Redis instead of an SQL read (marks.py)
     engine = db.engine_for(task.app.jobs_settings.database_url)
     with engine.connect() as conn:
         if not counting.is_cancelled(conn, batch_id):
@@ -61,9 +63,11 @@ def before_body(task: Any, batch_id: str, member_id: str) -> None:
 
 
 def succeeded(task: Any, batch_id: str, member_id: str) -> None:
-    engine = db.engine_for(task.app.jobs_settings.database_url)
-    with engine.begin() as conn:
-        counting.record(conn, batch_id, member_id, "succeeded", task_name=task.name)
+    # Most members: one statement, its own transaction (counting.record_plain); the rest
+    # (a duplicate, an added or replayed member, the one that settles the batch) take the
+    # full transaction, which writes the callbacks to the outbox.
+    url = task.app.jobs_settings.database_url
+    counting.record_alone(url, batch_id, member_id, "succeeded", task_name=task.name)
 
 
 class MemberBatch:

@@ -15,7 +15,7 @@ from jobs_platform import history
 from jobs_platform.batches import counting, state
 from jobs_platform.batches.model import batches, members
 from jobs_platform.clock import utcnow
-from jobs_platform.db import engine_for, upgrade
+from jobs_platform.db import engine_for, statement_engine_for, upgrade
 from jobs_platform.deadletter.record import DeadLetter
 from jobs_platform.deadletter.store import DeadLetterStore
 from jobs_platform.outbox.model import job_outbox
@@ -83,15 +83,19 @@ def test_racing_duplicate_recordings_count_once(db_url: str) -> None:
     lock = threading.Lock()
     start = threading.Barrier(threads)
 
-    def run() -> None:
+    def run(alone: bool) -> None:
         start.wait()
         for i in range(n):
-            change = record(db_url, "b1", f"m{i}", "succeeded" if i % 3 else "dead")
+            outcome = "succeeded" if i % 3 else "dead"
+            if alone:  # the worker's way: one statement, else the full transaction
+                change = counting.record_alone(db_url, "b1", f"m{i}", outcome)
+            else:
+                change = record(db_url, "b1", f"m{i}", outcome)
             if change is not None:
                 with lock:
                     changes.append(change)
 
-    workers = [threading.Thread(target=run) for _ in range(threads)]
+    workers = [threading.Thread(target=run, args=(k % 2 == 0,)) for k in range(threads)]
     for t in workers:
         t.start()
     for t in workers:
@@ -100,6 +104,54 @@ def test_racing_duplicate_recordings_count_once(db_url: str) -> None:
     b = row(db_url)
     assert (b.pending, b.succeeded, b.dead) == (0, 40, 20)
     assert callbacks_sent(db_url) == ["cb.on_complete", "cb.on_failure"]  # no on_success
+
+
+def test_the_one_statement_recording_applies_only_where_it_settles_nothing(
+    db_url: str,
+) -> None:
+    make(db_url, 3)
+    make(db_url, 2, "b2")
+    engine = engine_for(db_url)
+
+    def plain(batch_id: str, member: str, outcome: str) -> counting.Change | None:
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            return counting.record_plain(conn, batch_id, member, outcome)
+
+    if db_url.startswith("sqlite"):
+        assert plain("b1", "m1", "succeeded") is None  # PostgreSQL only: record() decides
+        return
+    change = plain("b1", "m1", "succeeded")
+    assert change is not None and (change.before, change.pending, change.succeeded) == (
+        "pending",
+        2,
+        1,
+    )
+    assert plain("b1", "m1", "succeeded") is None  # a duplicate: nothing written
+    assert plain("b1", "m2", "dead") is None  # the first death enqueues on_failure
+    assert record(db_url, "b1", "m2", "dead") is not None
+    assert plain("b1", "m3", "succeeded") is None  # the last member settles the batch
+    assert plain("gone", "m1", "succeeded") is None
+    with engine.begin() as conn:
+        counting.add_members(conn, "b2", [("added", "t")])
+    assert plain("b2", "added", "succeeded") is None  # an added member has a pending row
+    b = row(db_url)
+    assert (b.pending, b.succeeded, b.dead) == (1, 1, 1)
+    assert callbacks_sent(db_url) == ["cb.on_failure"]
+
+
+def test_the_worker_recording_survives_a_pooled_connection_that_died(db_url: str) -> None:
+    if db_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL's statement engine (no ping at checkout)")
+    make(db_url, 3)
+    assert counting.record_alone(db_url, "b1", "m1", "succeeded") is not None
+    with statement_engine_for(db_url).connect() as conn:
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+    with engine_for(db_url).connect() as conn:  # the server drops the pooled connection
+        conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    change = counting.record_alone(db_url, "b1", "m2", "succeeded")
+    assert change is not None and change.pending == 1
+    assert counting.record_alone(db_url, "b1", "m2", "succeeded") is None
+    assert row(db_url).succeeded == 2
 
 
 def test_a_replayed_dead_member_moves_to_succeeded_and_the_last_one_fires_on_success(
