@@ -219,17 +219,6 @@ def test_text_no_database_can_hold_is_a_usage_error(
     assert shown(app, seeded["running"])["status"] == "running"
 
 
-def test_cancel_needs_a_reason_and_keeps_the_first(app: Any, seeded: dict[str, Any]) -> None:
-    blank = run(app, "cancel", seeded["running"], "--reason", "  ")
-    assert blank.exit_code == 2 and "give a reason" in blank.output
-    done = run(app, "cancel", seeded["running"], "--reason", "INC-9")
-    assert done.exit_code == 0 and done.stdout == f"batch {seeded['running']} cancelled\n"
-    again = run(app, "cancel", seeded["running"], "--reason", "other")
-    assert again.exit_code == 0 and "was already cancelled" in again.stdout
-    data = shown(app, seeded["running"])
-    assert (data["status"], data["cancel_reason"], data["pending"]) == ("cancelled", "INC-9", 2)
-
-
 def test_a_name_with_markup_and_control_characters_prints_as_text(app: Any, db_url: str) -> None:
     batch_id = make(db_url, 1, "[/b] \x1b[2J import", 0)
     text = run(app, "show", batch_id)
