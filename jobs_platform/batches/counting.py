@@ -91,7 +91,10 @@ def record(
         )
     ).first()
     if counts is None:
-        return None  # the batch was pruned: a late duplicate of a member of a settled batch
+        # The batch was pruned (a late duplicate, or a dead member replayed after retention):
+        # nothing to count it in, so the member row written above goes too.
+        conn.execute(sa.delete(members).where(M.batch_id == batch_id, M.member_id == member_id))
+        return None
     pending, succeeded, dead, cancelled, completed_at, succeeded_at, failed_at = counts
     due = []
     if outcome == "dead" and failed_at is None:

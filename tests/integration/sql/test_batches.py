@@ -205,6 +205,16 @@ def test_an_empty_batch_settles_at_creation(db_url: str) -> None:
     assert callbacks_sent(db_url) == ["cb.on_complete", "cb.on_success"]
 
 
+def test_an_outcome_for_a_batch_that_is_gone_writes_nothing(db_url: str) -> None:
+    """A late duplicate, or a dead member replayed after its batch was pruned: no count to
+    move, and no stray member row left behind (prune only removes members of the batches it
+    deletes)."""
+    assert record(db_url, "gone", "m1", "succeeded") is None
+    with engine_for(db_url).connect() as conn:
+        left = conn.execute(sa.select(members.c.member_id).where(members.c.batch_id == "gone"))
+        assert left.all() == []
+
+
 def letter(task_id: str, headers: dict[str, Any]) -> DeadLetter:
     return DeadLetter(
         task_id=task_id,
