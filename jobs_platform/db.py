@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import sys
 from collections.abc import Iterator
 from importlib import resources
 from typing import Any
@@ -103,6 +104,8 @@ def _create(url: str) -> sa.Engine:
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.close()
 
+        if _cooperative():
+            _one_connection_at_a_time(engine)
         return engine
     connect_args = {"connect_timeout": 5} if url.startswith("postgresql") else {}
     # A black-holed database must fail a write in seconds (the dead-letter spool takes
@@ -110,6 +113,46 @@ def _create(url: str) -> sa.Engine:
     return sa.create_engine(
         url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args=connect_args
     )
+
+
+def _cooperative() -> bool:
+    """Whether this process runs greenlets on one OS thread (a gevent-patched worker)."""
+    gevent = sys.modules.get("gevent.monkey")
+    return bool(gevent and gevent.is_module_patched("threading"))
+
+
+def _one_connection_at_a_time(engine: sa.Engine) -> None:
+    """Hand out the engine's SQLite connections to one greenlet at a time, waiting cooperatively.
+
+    SQLite's busy wait sleeps in C. In a gevent process every greenlet shares one OS thread,
+    so a greenlet waiting for the write lock that another greenlet of the *same* process
+    holds (suspended inside its transaction, say while it publishes to Redis) froze the whole
+    process for the busy timeout: consumer loop, heartbeats and leases included (30 s, seen
+    in the demo's thirdparty worker). A wait for another process's lock still blocks, but
+    only for that transaction's length."""
+    from gevent import getcurrent  # type: ignore[import-untyped]
+    from gevent.lock import Semaphore  # type: ignore[import-untyped]
+
+    gate = Semaphore(1)
+    held: dict[str, Any] = {"owner": None, "depth": 0}
+
+    @sa.event.listens_for(engine, "checkout")
+    def _enter(*_args: Any) -> None:
+        me = getcurrent()
+        if held["owner"] is me:  # a nested connection of the same greenlet (reads do not lock)
+            held["depth"] += 1
+            return
+        gate.acquire()
+        held["owner"], held["depth"] = me, 1
+
+    @sa.event.listens_for(engine, "checkin")
+    def _leave(*_args: Any) -> None:
+        if held["depth"] == 0:
+            return
+        held["depth"] -= 1
+        if held["depth"] == 0:
+            held["owner"] = None
+            gate.release()
 
 
 def alembic_config(url: str) -> Any:
