@@ -3,7 +3,7 @@ expectations that make ``make demo`` exit 1 when one does not hold.
 
 Sections: jobs by outcome per queue; retries and their waits; dead letters; charges vs
 orders; the checkout; the killed worker; the delayed job; beat slots vs sends; the rate
-limit; the tenant storm; the CSV import; the expectations; where to look next.
+limit; the tenant storm; the CSV import; the partner outage; the expectations; where to look next.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from jobs_platform.ratelimit import parse_rate
 from jobs_platform.retry.backoff import backoff_window
 from jobs_platform.schedule.slots import SKIPPED_MARK, parse_slot
 from tasks import billing, shop
-from tasks.demo import checkout, csv_import, fairness
+from tasks.demo import checkout, csv_import, fairness, outage
 from tasks.demo.observe import QUEUES, Track
 from tasks.demo.tour import NOWHERE, Facts
 from tasks.jobs import app
@@ -199,7 +199,8 @@ class Report:
             self.console.print(table)
         total = sum(len(k.retried) for _, k in retried)
         self.console.print(
-            f"{total} retries of {len(retried)} jobs (the gateway's 503s and lost replies), "
+            f"{total} retries of {len(retried)} jobs (the gateway's 503s and lost replies, the "
+            "shipping partner's outage of 8d), "
             "each back through the broker after an equal-jitter wait: half to all of a window "
             "that doubles (2 s, 4 s, ... by default). A wait here is from one attempt's start to "
             "the next one's, so it includes the attempt itself."
@@ -686,6 +687,7 @@ def print_report(console: Console, facts: Facts, chart: str) -> bool:
         section(console, "8b. A tenant storm on the heavy queue (fairness_key)")
         fairness.report(console, facts.fairness, report.expect)
     csv_import.report(report)
+    outage.report(report)
     report.services()
     ok = report.verdict()
     report.next_steps(chart)

@@ -14,6 +14,8 @@ Timeline (seconds from the start of the workload; the short form compresses it):
 - all along, two beats send the stock refresh every second;
 - once the tenant storm's statements ended: a CSV import as a batch of chunks, one of them
   dead-lettered by a malformed row, fixed and replayed (:mod:`.csv_import`);
+- aside, from the tenant storm on: the shipping partner goes down for a few seconds while
+  shipments are booked, and its circuit breaker absorbs the outage (:mod:`.outage`);
 - once every job has ended, the beats stop, the reminders are cancelled, the facts are read.
 """
 
@@ -46,7 +48,7 @@ from jobs_platform.idempotency import unique
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
 from tasks import billing, email, media, reminders, shop
-from tasks.demo import checkout, csv_import, fairness
+from tasks.demo import checkout, csv_import, fairness, outage
 from tasks.demo.broker import Broker
 from tasks.demo.live import LiveView
 from tasks.demo.observe import EventLog, Sample, Sampler, Track
@@ -194,6 +196,8 @@ class Facts:
     fairness: fairness.Storm | None = None
     #: The CSV import as a batch of chunks (tasks/demo/csv_import.py).
     csv_import: csv_import.Import | None = None
+    #: The shipping partner's outage and its circuit breaker (tasks/demo/outage.py).
+    outage: outage.Outage | None = None
 
     def mark(self, label: str) -> None:
         self.marks.append((time.time(), label))
@@ -671,6 +675,20 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
     )
     first_order = next_order_id(billing.billing_engine())
     view.phase = f"{w.name} tour: the shop is open"
+    # The partner's outage runs aside on thirdparty, from the worker's recovery on, while
+    # the checkout, the tenant storm and the import run: its cool-downs cost no time.
+    down = outage.Aside(w.name, stack.partner, view)
+    try:
+        _shop_is_open(facts, view, client, first_order, down)
+        _after_the_sale(facts, view, events, client, down)
+    finally:
+        down.stop.set()  # nothing left to do for it, or the tour failed: it stops waiting
+
+
+def _shop_is_open(
+    facts: Facts, view: LiveView, client: redis.Redis, first_order: int, down: outage.Aside
+) -> None:
+    w = facts.workload
     with Traffic(facts, view, first_order) as traffic, ThreadPoolExecutor(1) as aside:
         # The CLI takes seconds to start: run it aside, so the kill is not late.
         looked = aside.submit(show_delayed, facts, view, client, traffic)
@@ -679,15 +697,26 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
         traffic.check()
         view.phase = f"{w.name} tour: flash sale"
         kill_and_recover(facts, view, client, traffic)
+        facts.mark("partner outage")
+        down.start()
         looked.result(timeout=120)
         facts.checkout = checkout.run(facts, view)
         view.phase = f"{w.name} tour: draining"
     traffic.check()
+
+
+def _after_the_sale(
+    facts: Facts, view: LiveView, events: EventLog, client: redis.Redis, down: outage.Aside
+) -> None:
+    w = facts.workload
+    stack = facts.stack
     view.phase = f"{w.name} tour: a tenant storm"
     facts.fairness = fairness.storm(w.name, view.say)
     view.phase = f"{w.name} tour: a CSV import as a batch"
     facts.mark("CSV import")
     facts.csv_import = csv_import.run(w.name, view)
+    view.phase = f"{w.name} tour: a partner outage"
+    facts.outage = down.join(timeout_s=300)
     view.phase = f"{w.name} tour: draining"
     wait_until_done(facts, view, events, client, w.drain_timeout_s)
     delayed = facts.delayed
@@ -705,6 +734,7 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
     read_sync_runs(facts)
     checkout.settle(facts)
     csv_import.settle(facts.csv_import)
+    outage.settle(facts.outage, stack.partner)
     cancel_reminders(facts, view, client)
     time.sleep(1.0)  # the last events and counter flushes (every 2 s) are informational
     view.phase = f"{w.name} tour: done"

@@ -37,6 +37,7 @@ SECTIONS = (
     "8. The warehouse's rate limit",
     "8b. A tenant storm on the heavy queue (fairness_key)",
     "8c. A 5,000-row CSV import as a batch of 500-row chunks",
+    "8d. A partner outage absorbed by the circuit breaker",
     "Expectations",
     "Where to look next",
 )
