@@ -212,6 +212,16 @@ INTERNALS: tuple[Internal, ...] = (
         params=("self", "asynchronous"),
     ),
     Internal(
+        "kombu.transport.redis:SentinelChannel",
+        "_connparams",
+        "called",
+        "jobs_platform.brokers.redis.transport",
+        "on Sentinel, the master's connection parameters read while live, so an ack on a "
+        "detached channel asks the Sentinels for the master as kombu's own pool does",
+        "a channel that can still ack after its connection was collected",
+        params=("self", "asynchronous"),
+    ),
+    Internal(
         "kombu.transport.virtual:QoS",
         "_delivered",
         "read",

@@ -18,6 +18,8 @@ from typing import Any, TypeVar, cast
 
 import redis
 
+from jobs_platform import redis_urls
+
 T = TypeVar("T")
 
 #: Socket timeouts of the platform's own Redis clients (spool, unique-dispatch locks):
@@ -139,10 +141,12 @@ def fork_safe() -> Iterator[None]:
 
 
 def redis_client(url: str) -> redis.Redis:
-    """This process's client for the Redis at ``url``, with bounded socket timeouts."""
+    """This process's client for the Redis at ``url``, with bounded socket timeouts (for a
+    ``sentinel://`` URL, a client of the master that follows a failover:
+    :mod:`jobs_platform.redis_urls`)."""
     return per_process(
         ("redis", url),
-        lambda: redis.Redis.from_url(
+        lambda: redis_urls.client(
             url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
         ),
     )

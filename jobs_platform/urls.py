@@ -11,7 +11,10 @@ import urllib.parse
 
 
 def masked(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (anything unparsable is shown as is)."""
+    """``url`` with its password replaced by ``***`` (anything unparsable is shown as is);
+    each entry of a ``;``-separated list (kombu's failover and Sentinel URLs) on its own."""
+    if ";" in url:
+        return ";".join(masked(entry) for entry in url.split(";"))
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:

@@ -33,7 +33,7 @@ from billiard.einfo import ExceptionInfo
 from billiard.exceptions import WorkerLostError
 from celery.worker import state
 
-from jobs_platform import coordination, history, process_local
+from jobs_platform import coordination, history, process_local, redis_urls
 from jobs_platform.cooperative.policy import (
     EXIT_STATUS,
     LOST_MARK_TTL_S,
@@ -152,7 +152,7 @@ class Monitor:
         """One broker write, from this thread, on a connection of its own (the loop's are
         stuck); a failure is reported and the worker still ends."""
         try:
-            client = redis.Redis.from_url(
+            client = redis_urls.client(
                 self.coordination_url,
                 socket_timeout=MARK_TIMEOUT_S,
                 socket_connect_timeout=MARK_TIMEOUT_S,

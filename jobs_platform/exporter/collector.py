@@ -77,9 +77,9 @@ class JobsCollector(Collector):
     @property
     def client(self) -> Any:
         if self._client is None:
-            import redis
+            from jobs_platform import redis_urls
 
-            self._client = redis.Redis.from_url(
+            self._client = redis_urls.client(
                 self.sources.redis_url, socket_timeout=5, socket_connect_timeout=5
             )
         return self._client

@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 
 import redis
 
-from jobs_platform import coordination
+from jobs_platform import coordination, redis_urls
 from jobs_platform.clock import utcnow
 from jobs_platform.flow.state import declared_breakers
 from jobs_platform.health import canary, checks
@@ -106,7 +106,7 @@ def run(
         jobs.append((["database"], Background(lambda: [checks.database(url)])))
     results, on_broker = _ping_first(app, settings.broker_url, selected, queues, budget)
     if on_broker:
-        client = redis.Redis.from_url(
+        client = redis_urls.client(
             coordination.url_of(settings),
             socket_timeout=budget.ping_s,
             socket_connect_timeout=budget.ping_s,

@@ -246,9 +246,9 @@ def current() -> Recorder | None:
         if _recorder is None and _target is not None:
             url, interval_s, client = _target
             if client is None:
-                import redis
+                from jobs_platform import redis_urls
 
-                client = redis.Redis.from_url(
+                client = redis_urls.client(
                     url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
                 )
             _recorder = Recorder(client, interval_s=interval_s)

@@ -31,7 +31,7 @@ from typing import Any
 import redis
 from celery import beat
 
-from jobs_platform import coordination, rules
+from jobs_platform import coordination, redis_urls, rules
 from jobs_platform.clock import utcnow
 from jobs_platform.errors import ConfigError
 from jobs_platform.metrics import counters
@@ -128,13 +128,13 @@ class Scheduler(beat.Scheduler):  # type: ignore[misc]
     @cached_property
     def redis(self) -> redis.Redis:
         url = coordination.url_of(self.app.jobs_settings)
-        if not url.startswith(("redis://", "rediss://", "unix://")):
+        if not url.startswith(("redis://", "rediss://", "unix://", "sentinel://")):
             raise ConfigError(
                 "the platform's beat keeps its leader lock and slot records on the "
                 f"coordination Redis; {masked(url)!r} is not a Redis URL "
                 "(set JOBS_COORDINATION_URL)"
             )
-        return redis.Redis.from_url(
+        return redis_urls.client(
             url, socket_timeout=REDIS_TIMEOUT_S, socket_connect_timeout=REDIS_TIMEOUT_S
         )
 

@@ -60,9 +60,18 @@ def port_answers(host: str, port: int, timeout_s: float = 0.5) -> bool:
 class RedisServer:
     """A private ``redis-server`` on a free loopback port (optionally persistent)."""
 
-    def __init__(self, *, persistent: bool = False, directory: str | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        *,
+        persistent: bool = False,
+        directory: str | None = None,
+        args: Sequence[str] = (),
+        port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
         self.persistent = persistent
+        #: More ``redis-server`` arguments (``--replicaof 127.0.0.1 PORT``, ...).
+        self.args = list(args)
         self._owned_dir = directory is None
         self.directory = directory or tempfile.mkdtemp(prefix="jobs-redis-")
         self.process: subprocess.Popen[bytes] | None = None
@@ -90,6 +99,7 @@ class RedisServer:
                 "--dir",
                 self.directory,
                 *persistence,
+                *self.args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -101,6 +111,12 @@ class RedisServer:
             message=f"redis-server on port {self.port}",
         )
         return self
+
+    def kill(self) -> None:
+        """SIGKILL the server: no shutdown save, no goodbye to its replicas or clients."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -19,6 +19,11 @@
 
 The transport and the bootstep are given to Celery by name, so a producer
 (``import jobs_platform``) loads neither.
+
+``sentinel://h1:26379;sentinel://h2:26379#MASTER`` (:mod:`jobs_platform.redis_urls`) is the
+same broker behind Redis Sentinel: the transport's Sentinel variant
+(:class:`.transport.SentinelTransport`) and every client the platform builds from the URL
+follow the master through a failover (docs/sentinel.md).
 """
 
 from __future__ import annotations
@@ -43,11 +48,15 @@ from jobs_platform.brokers.redis import fair, layout, options, publish
 from jobs_platform.brokers.redis.delayed import RedisDelayedStore
 from jobs_platform.brokers.redis.restore import RestoreSweep
 from jobs_platform.errors import ConfigError
+from jobs_platform.redis_urls import SENTINEL_SCHEME, is_sentinel, parse_sentinel, sentinel_kwargs
+from jobs_platform.redis_urls import client as redis_client_for
 from jobs_platform.urls import masked
 
-SCHEMES = ("redis", "rediss")
+SCHEMES = ("redis", "rediss", SENTINEL_SCHEME)
 #: Celery's ``broker_transport`` for a Redis broker URL (the URL itself is unchanged).
 TRANSPORT = "jobs_platform.brokers.redis.transport:Transport"
+#: ... and for a ``sentinel://`` one.
+SENTINEL_TRANSPORT = "jobs_platform.brokers.redis.transport:SentinelTransport"
 #: The releaser bootstep.
 RELEASER_STEP = "jobs_platform.brokers.redis.releaser:ReleaserStep"
 #: ``control_cls``: revoke reaches stored jobs (:mod:`jobs_platform.delayed.control`).
@@ -71,6 +80,12 @@ class RedisBroker:
         so a typo fails with the setting's name instead of a ``ModuleNotFoundError`` from
         kombu or a hang at the first ``.delay()``."""
         shown = masked(url)
+        if is_sentinel(url):
+            try:
+                parse_sentinel(url)
+            except ValueError as exc:
+                raise ConfigError(f"{setting}={shown!r}: {exc}") from None
+            return
         try:
             parts = urllib.parse.urlsplit(url)
             port = parts.port
@@ -118,8 +133,11 @@ class RedisBroker:
             "broker_transport_options": {**transport, **options.transport_options(settings)},
             "result_backend_transport_options": {**transport, "retry_policy": backend_retry},
             "redis_socket_connect_timeout": timeout / 4,
-            "broker_transport": TRANSPORT,
+            "broker_transport": (
+                SENTINEL_TRANSPORT if is_sentinel(settings.broker_url) else TRANSPORT
+            ),
         }
+        _name_masters(config, settings, timeout / 4)
         if urllib.parse.urlsplit(settings.broker_url).scheme == "rediss":
             # kombu turns TLS on from the *scheme* only when it picks the transport itself;
             # named explicitly, it needs it said. Same default as kombu's (with its warning).
@@ -168,9 +186,7 @@ class RedisBroker:
     def ping(self, url: str, timeout_s: float) -> tuple[bool, str]:
         """Redis PING with short socket timeouts (a black-holed broker fails in
         ``timeout_s``)."""
-        client = redis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
+        client = redis_client_for(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
         try:
             start = time.monotonic()
             client.ping()
@@ -201,6 +217,19 @@ class RedisBroker:
 
     def restore_sweep(self, worker: Any) -> Sweep | None:
         return RestoreSweep(worker)
+
+
+def _name_masters(config: dict[str, Any], settings: Any, timeout_s: float) -> None:
+    """kombu's and Celery's Sentinel options from a ``sentinel://`` broker or result backend
+    URL: the master's name (carried by the URL's fragment, which neither of them reads) and
+    bounded timeouts towards the Sentinels themselves."""
+    for url, options_key in (
+        (settings.broker_url, "broker_transport_options"),
+        (settings.result_backend_url, "result_backend_transport_options"),
+    ):
+        if is_sentinel(url):
+            config[options_key]["master_name"] = parse_sentinel(url).master
+            config[options_key]["sentinel_kwargs"] = sentinel_kwargs(timeout_s)
 
 
 def _client(app: Any) -> redis.Redis:

@@ -25,7 +25,7 @@ survives (the message then waits in ``unacked`` like the others). A message give
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -42,9 +42,10 @@ class QoS(KillSafeQoS):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Read while the channel is live (kombu creates its QoS on first use, connected).
-        self._jobs_connparams: dict[str, Any] = dict(self.channel._connparams())
-        self._jobs_pool: redis.ConnectionPool | None = None
+        # Read while the channel is live (kombu creates its QoS on first use, connected):
+        # the server's parameters, or for Sentinel the Sentinels and the master's name.
+        self._jobs_make_pool: Callable[[], Any] = self.channel.jobs_pool_factory()
+        self._jobs_pool: Any = None
 
     def _detached(self) -> bool:
         return getattr(self.channel.connection, "client", None) is None
@@ -54,7 +55,7 @@ class QoS(KillSafeQoS):
         if client is not None or not self._detached():
             return client
         if self._jobs_pool is None:
-            self._jobs_pool = redis.ConnectionPool(**self._jobs_connparams)
+            self._jobs_pool = self._jobs_make_pool()
         return redis.Redis(connection_pool=self._jobs_pool)
 
     @contextmanager

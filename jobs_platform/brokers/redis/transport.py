@@ -8,8 +8,9 @@ priority, headers), to be released when due (:mod:`.releaser`). A message with a
 key goes to its key's list of the queue's ring (:mod:`.fair`). Everything else is kombu's
 own code path.
 
-The URL stays ``redis://`` (or ``rediss://``): Celery's ``broker_transport`` setting names
-this class (:meth:`jobs_platform.brokers.redis.RedisBroker.celery_config`). Its channel is
+The URL stays ``redis://`` (or ``rediss://``; ``sentinel://`` for :class:`SentinelTransport`):
+Celery's ``broker_transport`` setting names this class
+(:meth:`jobs_platform.brokers.redis.RedisBroker.celery_config`). Its channel is
 also the one that takes messages kill-safe (:mod:`.fetch`), keeps held jobs when the
 connection dies (:mod:`.reconnect`) and refuses bad input in a queue without stopping the
 worker (:mod:`.poison`).
@@ -18,15 +19,20 @@ worker (:mod:`.poison`).
 from __future__ import annotations
 
 import time
+import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
+from redis import sentinel as redis_sentinel
 
 from jobs_platform.brokers.interface import FAIRNESS_HEADER
 from jobs_platform.brokers.redis import divert, fair, options, reconnect
 from jobs_platform.brokers.redis.delayed import DEFAULT_PREFIX, DelayedJob, Keys, store_args
 from jobs_platform.brokers.redis.fetch import KillSafeFetch
 from jobs_platform.brokers.redis.poison import PoisonGuardChannel
+from jobs_platform.redis_urls import SENTINEL_SCHEME
 
 
 class Channel(KillSafeFetch, PoisonGuardChannel):
@@ -52,6 +58,12 @@ class Channel(KillSafeFetch, PoisonGuardChannel):
 
     #: The client ``_create_client`` hands out, for the pool it was built on.
     _jobs_client: Any = None
+
+    def jobs_pool_factory(self) -> Callable[[], Any]:
+        """What builds a pool to the broker once the channel's connection is detached
+        (:mod:`.reconnect`): read now, while the channel is live."""
+        params = dict(self._connparams())
+        return lambda: redis.ConnectionPool(**params)
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         # kombu builds a new redis.Redis for every publish, ack and restore (~150 µs of
@@ -128,3 +140,45 @@ class Transport(kombu_redis.Transport):  # type: ignore[misc]
     """kombu's Redis transport using :class:`Channel`."""
 
     Channel = Channel
+
+
+class SentinelChannel(Channel, kombu_redis.SentinelChannel):  # type: ignore[misc]
+    """:class:`Channel` on the master a set of Sentinels names (``sentinel://``): kombu's
+    Sentinel channel builds the connection pool (asking the Sentinels for the master, and
+    again after a failover); everything above the pool is the platform's channel."""
+
+    from_transport_options = tuple(
+        dict.fromkeys(
+            (*Channel.from_transport_options, *kombu_redis.SentinelChannel.from_transport_options)
+        )
+    )
+
+    def jobs_pool_factory(self) -> Callable[[], Any]:
+        # The Sentinels, the master's name and the connection parameters, read while the
+        # channel is live, as kombu's _sentinel_managed_pool reads them.
+        params = {k: v for k, v in self._connparams().items() if k not in ("host", "port")}
+        sentinels = [
+            (entry.hostname, entry.port or self.connection.default_port)
+            for entry in map(urllib.parse.urlsplit, self.connection.client.alt)
+            if entry.scheme == SENTINEL_SCHEME and entry.hostname
+        ]
+        master = str(self.master_name)
+        kwargs = getattr(self, "sentinel_kwargs", None)
+        credentials = {k: params[k] for k in ("username", "password") if k in params}
+
+        def pool() -> Any:
+            sentinel = redis_sentinel.Sentinel(  # type: ignore[no-untyped-call]
+                sentinels, sentinel_kwargs=kwargs, **params
+            )
+            client = sentinel.master_for(master, redis.Redis, **credentials)  # type: ignore[no-untyped-call]
+            return client.connection_pool
+
+        return pool
+
+
+class SentinelTransport(Transport):
+    """:class:`Transport` behind Redis Sentinel (kombu's ``SentinelTransport``, with the
+    platform's channel)."""
+
+    default_port = kombu_redis.SentinelTransport.default_port
+    Channel = SentinelChannel
