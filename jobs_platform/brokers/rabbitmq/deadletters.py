@@ -239,6 +239,17 @@ class Call:
     options: dict[str, Any]
 
 
+def body_bytes(message: Any) -> bytes:
+    """The body as it arrived: py-amqp hands a body with a ``content_encoding`` over as the
+    decoded text (and one that does not decode as bytes)."""
+    body = message.body
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body)
+    return b"" if body is None else str(body).encode(message.content_encoding or "utf-8")
+
+
 def _accept(app: Any) -> set[str]:
     return set(prepare_accept_content(app.conf.accept_content or ["json"]))
 
@@ -254,7 +265,7 @@ def read_call(app: Any, message: Any, decode_error: BaseException | None) -> Cal
     if decode_error is not None:  # kombu could not even decompress it
         return Refusal(history.qualified_name(type(decode_error)), str(decode_error))
     headers = dict(message.headers) if isinstance(message.headers, Mapping) else {}
-    body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
+    body = body_bytes(message)
     try:
         decoded = kombu_loads(
             body, message.content_type, message.content_encoding, accept=_accept(app)
@@ -291,8 +302,7 @@ def content_chain(message: Any) -> str:
     headers = message.headers if isinstance(message.headers, Mapping) else {}
     kept = {str(k): v for k, v in headers.items() if k not in _PER_DELIVERY}
     digest = hashlib.sha256()
-    body = message.body if isinstance(message.body, bytes) else str(message.body).encode()
-    digest.update(body)
+    digest.update(body_bytes(message))
     digest.update(b"\x1f")
     digest.update(json.dumps(kept, sort_keys=True, default=str).encode())
     digest.update(f"\x1f{message.content_type}\x1f{message.content_encoding}".encode())
@@ -382,8 +392,7 @@ def task_letter(app: Any, message: Any, call: Call, death: Death) -> DeadLetter:
 def poison_dead_letter(message: Any, refusal: Refusal, death: Death) -> DeadLetter:
     """The ``poison`` dead letter of a message no worker could run, byte for byte."""
     letter = poison_letter(message, refusal.error_type, refusal.error, None)
-    raw = message.body if isinstance(message.body, bytes) else b""
-    letter = rawpoison.exact(letter, raw)
+    letter = rawpoison.exact(letter, body_bytes(message))
     headers = message.headers if isinstance(message.headers, Mapping) else {}
     enqueued = headers.get(history.ENQUEUED_HEADER)
     chain = str(enqueued or "") if letter.task_id else content_chain(message)

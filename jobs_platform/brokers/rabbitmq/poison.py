@@ -33,7 +33,11 @@ from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
 from jobs_platform import history
-from jobs_platform.brokers.rabbitmq.deadletters import DEAD_EXCHANGE, dead_letters_to_drain
+from jobs_platform.brokers.rabbitmq.deadletters import (
+    DEAD_EXCHANGE,
+    body_bytes,
+    dead_letters_to_drain,
+)
 from jobs_platform.deadletter import envelope, rawpoison
 from jobs_platform.deadletter.envelope import Refusal
 from jobs_platform.deadletter.hooks import DeadLetterConsumer, capture
@@ -56,9 +60,9 @@ def message_refusal(message: Any, max_bytes: int) -> Refusal | None:
     """What Celery's consumer would fail on in a task message (as the Redis guard checks),
     or None; Celery's own hooks see the rest (unknown task, undecodable, not accepted)."""
     headers = message.headers
-    body = message.body
-    if not isinstance(headers, dict) or not isinstance(body, bytes):
+    if not isinstance(headers, dict):
         return None
+    body = body_bytes(message)
     decoded = envelope.decode_body(
         body,
         json_body=message.content_type == rawpoison.JSON and not headers.get("compression"),
@@ -84,7 +88,7 @@ def worker_poison_letter(
     (it is acknowledged or rejected once recorded, never delivered again).
     """
     letter = poison_letter(message, error_type, error, hostname)
-    letter = rawpoison.exact(letter, message.body if isinstance(message.body, bytes) else b"")
+    letter = rawpoison.exact(letter, body_bytes(message))
     headers = message.headers if isinstance(message.headers, dict) else {}
     enqueued = headers.get(history.ENQUEUED_HEADER)
     chain = str(enqueued or "") if letter.task_id else f"amqp-worker:{uuid.uuid4().hex}"
@@ -130,7 +134,7 @@ class PoisonConsumer(DeadLetterConsumer):
         logger.error(
             "%s: message of %d bytes refused (it does not decode: %s: %s); rejected to %r",
             rawpoison.EVENT,
-            len(message.body or b""),
+            len(body_bytes(message)),
             type(exc).__name__,
             str(exc)[:300],
             DEAD_EXCHANGE,
@@ -164,9 +168,9 @@ class PoisonConsumer(DeadLetterConsumer):
 
     def _jobs_refuse(self, message: Any, refusal: Refusal) -> None:
         headers = message.headers if isinstance(message.headers, dict) else {}
-        body = message.body if isinstance(message.body, bytes) else b""
         queue = (message.delivery_info or {}).get("routing_key")
-        rawpoison.log_refusal("message", queue, len(body), refusal, headers.get("id"))
+        size = len(body_bytes(message))
+        rawpoison.log_refusal("message", queue, size, refusal, headers.get("id"))
         if message.acknowledged:
             return
         if self._jobs_drained():
