@@ -1,0 +1,1 @@
+"""The RabbitMQ broker (``amqp://``, ``amqps://``): quorum queues, dead-lettering, poison."""
