@@ -90,7 +90,14 @@ def declare_topology(connection: Connection, queues: Iterable[Queue]) -> None:
         try:
             entity.bind(channel).declare()
         except PreconditionFailed as exc:
-            problems.append(describe(exc, vhost))
+            said = describe(exc, vhost)
+            if isinstance(entity, Queue) and not is_quorum(connection, entity):
+                said = (
+                    f"queue {entity.name!r} is a classic queue; the platform declares quorum "
+                    "queues (replicated, with a delivery limit and at-least-once "
+                    f"dead-lettering); {topology.migration_advice(entity.name, vhost)}"
+                )
+            problems.append(said)
         finally:
             _close_quietly(channel)
     if problems:
@@ -99,6 +106,26 @@ def declare_topology(connection: Connection, queues: Iterable[Queue]) -> None:
             "(quorum queues on topic exchanges, dead-lettering into "
             f"{topology.DEAD_EXCHANGE!r}); nothing was consumed:\n- " + "\n- ".join(problems)
         )
+
+
+def is_quorum(connection: Connection, queue: Queue) -> bool:
+    """Whether the existing ``queue`` is a quorum queue: RabbitMQ names only the first
+    argument that differs, so a declaration naming the type alone tells (refused: the type
+    differs; accepted: it is the same, and nothing changes)."""
+    channel = connection.channel()
+    try:
+        channel.queue_declare(
+            queue=queue.name,
+            durable=queue.durable,
+            exclusive=queue.exclusive,
+            auto_delete=queue.auto_delete,
+            arguments={"x-queue-type": "quorum"},
+        )
+    except PreconditionFailed as exc:
+        return "x-queue-type" not in str(getattr(exc, "reply_text", "") or exc)
+    finally:
+        _close_quietly(channel)
+    return True
 
 
 def set_up_delayed_delivery(connection: Connection, queues: Iterable[Queue]) -> None:
