@@ -9,7 +9,7 @@ import pytest
 from amqp.exceptions import ConnectionForced, NotFound, PreconditionFailed
 
 from jobs_platform import ReliableTask, brokers, create_app
-from jobs_platform.brokers.rabbitmq import BROKER, declare, delays, received, topology
+from jobs_platform.brokers.rabbitmq import BROKER, declare, delays, topology
 from jobs_platform.errors import ConfigError, DispatchError
 from jobs_platform.settings import Settings
 
@@ -49,8 +49,8 @@ def test_an_eta_becomes_the_countdown_to_it_rounded_up_and_a_past_one_no_delay()
 
 def test_a_delivered_routing_key_loses_the_delay_prefix() -> None:
     prefixed = ".".join("0" * 26 + "11") + ".fast"
-    assert received.queue_key(prefixed) == "fast"
-    assert received.queue_key("fast") == "fast"
+    assert delays.queue_key(prefixed) == "fast"
+    assert delays.queue_key("fast") == "fast"
 
 
 # -- settings and configuration --------------------------------------------------------------

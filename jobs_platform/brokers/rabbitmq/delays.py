@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from typing import Any
 
 #: The longest delay the 28 levels can spell (2^28 - 1 s, ~8.5 years); JOBS_MAX_DELAY is far below.
 LONGEST_S = 2**28 - 1
+#: The delay Celery spells in front of a routing key: 28 bits, one word each.
+DELAY_PREFIX = re.compile(r"^(?:[01]\.){28}")
+
+
+def queue_key(routing_key: str) -> str:
+    """``routing_key`` without a delay prefix (a delayed message keeps it on arrival)."""
+    return DELAY_PREFIX.sub("", routing_key, count=1)
 
 
 def whole_seconds(delay_s: float) -> int:

@@ -23,7 +23,6 @@ from kombu import Connection
 from kombu.transport.native_delayed_delivery import calculate_routing_key
 
 from jobs_platform.brokers.rabbitmq import delays
-from jobs_platform.brokers.rabbitmq.received import queue_key
 from jobs_platform.clock import utcnow
 from jobs_platform.urls import masked
 
@@ -92,7 +91,7 @@ class OneByOneSession:
 def route_delayed(routing_key: str, eta: Any) -> dict[str, str]:
     """Exchange and routing key of a message due at ``eta`` (None: now) whose queue's
     routing key is ``routing_key`` (maybe already carrying a delay prefix)."""
-    base = queue_key(routing_key)
+    base = delays.queue_key(routing_key)
     wait = delays.whole_seconds(delays.seconds_until(eta, utcnow())) if eta else 0
     if wait:
         return {"exchange": DELAYED_ENTRY, "routing_key": calculate_routing_key(wait, base)}

@@ -11,18 +11,10 @@ Connected to Celery's ``task_received`` (the consumer, before the job is run or 
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from jobs_platform.brokers.rabbitmq import revoke
-
-#: The delay Celery spells in front of a routing key: 28 bits, one word each.
-DELAY_PREFIX = re.compile(r"^(?:[01]\.){28}")
-
-
-def queue_key(routing_key: str) -> str:
-    """``routing_key`` without a delay prefix."""
-    return DELAY_PREFIX.sub("", routing_key, count=1)
+from jobs_platform.brokers.rabbitmq.delays import queue_key
 
 
 def on_received(sender: Any = None, request: Any = None, **_: Any) -> None:

@@ -19,7 +19,6 @@ import logging
 from typing import Any
 
 from celery.app.control import Control as CeleryControl
-from celery.worker import state as worker_state
 
 from jobs_platform import coordination
 
@@ -75,4 +74,6 @@ def mark_if_revoked(app: Any, request: Any) -> None:
         )
         return
     if revoked:
+        from celery.worker import state as worker_state  # a worker's, imported in one
+
         worker_state.revoked.add(request.id)

@@ -17,9 +17,11 @@ pytestmark = pytest.mark.skipif(not available(), reason="RabbitMQ does not answe
 
 
 @pytest.fixture()
-def app(redis_url: str) -> Iterator[Any]:
+def app(redis_url: str, sqlite_url: str) -> Iterator[Any]:
     with rabbitmq_vhost() as url:
-        made = create_app("rmqreading", broker_url=url, coordination_url=redis_url)
+        made = create_app(
+            "rmqreading", broker_url=url, coordination_url=redis_url, database_url=sqlite_url
+        )
 
         @made.task(base=ReliableTask, name="rmqreading.job", queue="fast", time_limit=10)
         def job(n: int) -> int:
@@ -59,3 +61,18 @@ def test_a_bulk_with_countdowns_routes_each_copy_through_its_own_delay(app: Any)
     wait_for(lambda: ready() == 3 or None, timeout_s=10, message="the 1 s copies")
     assert ready() == 3  # the 3 s copies still wait
     wait_for(lambda: ready() == 6 or None, timeout_s=15, message="the 3 s copies")
+
+
+def test_the_exporter_reads_depths_and_leaves_out_what_the_broker_cannot_tell(app: Any) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from jobs_platform.exporter.collector import JobsCollector
+    from jobs_platform.exporter.sources import Sources
+
+    app.tasks["rmqreading.job"].delay(1)
+    registry = CollectorRegistry()
+    registry.register(JobsCollector(Sources.from_app(app)))
+    text = generate_latest(registry).decode()
+    lengths = [line for line in text.splitlines() if line.startswith("celery_queue_length{")]
+    assert 'celery_queue_length{queue_name="fast"} 1.0' in lengths, lengths
+    assert "jobs_inflight{" not in text  # unknown without the management API: no sample
