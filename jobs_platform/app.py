@@ -94,7 +94,10 @@ def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
     return {
         "broker_url": settings.broker_url,
         "result_backend": settings.result_backend_url,
-        # Transport options (the visibility timeout in every place kombu reads it...).
+        # The queues (a broker may declare its own: quorum queues on topic exchanges on
+        # RabbitMQ), then transport options (the visibility timeout in every place kombu
+        # reads it...).
+        "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUE_NAMES],
         **brokers.for_url(settings.broker_url).celery_config(settings),
         "broker_connection_timeout": timeout,
         "task_publish_retry_policy": {
@@ -118,7 +121,6 @@ def celery_config(settings: Settings, router: Router) -> dict[str, Any]:
         "worker_prefetch_multiplier": 1,
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         # Queues: declared, never created on the fly.
-        "task_queues": [Queue(q, Exchange(q, type="direct"), routing_key=q) for q in QUEUE_NAMES],
         "task_create_missing_queues": False,
         "task_default_queue": settings.default_queue,
         "task_default_exchange": settings.default_queue,

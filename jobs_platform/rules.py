@@ -123,8 +123,14 @@ def check_settings(values: Mapping[str, Any]) -> None:
         "outbox_retention",
         "batch_retention",
         "version_skew_window",
+        "rabbitmq_startup_wait",
     ):
         check_positive(values[name], what=name)
+    check_rabbitmq(
+        delivery_limit=values["delivery_limit"],
+        consumer_timeout_s=values["rabbitmq_consumer_timeout"],
+        margin_s=values["visibility_margin"],
+    )
     check_positive_int(values["outbox_relay_batch"], what="outbox_relay_batch", unit="jobs")
     if values["dlq_write_attempts"] < 1:
         raise ConfigError("dlq_write_attempts must be >= 1")
@@ -164,6 +170,18 @@ def check_settings(values: Mapping[str, Any]) -> None:
         max_delay_s=values["max_delay"],
         visibility_s=values["visibility_timeout"],
     )
+
+
+def check_rabbitmq(*, delivery_limit: Any, consumer_timeout_s: Any, margin_s: float) -> None:
+    """RabbitMQ's redelivery cap is a whole number of deliveries >= 1; the consumer timeout
+    must leave room for a job after the margin (hard limits end before it minus the margin)."""
+    check_positive_int(delivery_limit, what="delivery_limit", unit="deliveries")
+    check_positive(consumer_timeout_s, what="rabbitmq_consumer_timeout")
+    if consumer_timeout_s <= margin_s:
+        raise ConfigError(
+            f"rabbitmq_consumer_timeout {consumer_timeout_s:g} s must be longer than "
+            f"visibility_margin {margin_s:g} s: hard time limits end before it minus the margin"
+        )
 
 
 def check_checkpoints(

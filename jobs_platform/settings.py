@@ -38,21 +38,29 @@ class Settings:
     broker_url: str = _knob(
         "redis://127.0.0.1:6379/0",
         "URL",
-        "Celery broker: `redis://` or `rediss://` `[user:password@]host[:port][/db]`.",
+        "Celery broker: `redis://` or `rediss://` `[user:password@]host[:port][/db]`; or "
+        "RabbitMQ, `amqp://` or `amqps://` `[user:password@]host[:port][/vhost]` (one vhost "
+        "per app and environment: names are not prefixed; a cluster's nodes as Celery's "
+        "`;`-separated list), which needs JOBS_COORDINATION_URL.",
     )
     coordination_url: str = _knob(
         "",
         "URL",
         "Redis for coordination: unique-dispatch locks, rate limits, beat's leader lock and "
         "slot records, the dead-letter spool, metric sums, health canaries. Empty means "
-        "the broker URL (while the broker is Redis).",
+        "the broker URL (while the broker is Redis); required with a RabbitMQ broker.",
     )
     dispatch_timeout: float = _knob(
         5.0,
         "s",
         "How long `.delay()` waits for an unreachable broker before raising DispatchError.",
     )
-    result_backend: str = _knob("", "URL", "Result backend; empty means the broker URL.")
+    result_backend: str = _knob(
+        "",
+        "URL",
+        "Result backend; empty means the broker URL on Redis, and the coordination Redis "
+        "(JOBS_COORDINATION_URL) on RabbitMQ.",
+    )
     database_url: str = _knob(
         "sqlite:///jobs_platform.sqlite3",
         "URL",
@@ -82,6 +90,27 @@ class Settings:
         "s",
         "How often a worker sweeps for expired unacknowledged messages "
         "(kombu's default is effectively ~100 s).",
+    )
+    delivery_limit: int = _knob(
+        10,
+        "count",
+        "RabbitMQ: how many times the broker hands out one message before dead-lettering it "
+        "(`x-delivery-limit` on every queue): the cap on a job that keeps killing its worker. "
+        "Set by the platform so RabbitMQ 3.10 (no limit) and 4.x (20) behave the same.",
+    )
+    rabbitmq_consumer_timeout: float = _knob(
+        1800.0,
+        "s",
+        "RabbitMQ: the server's `consumer_timeout` (30 min by default): a job held "
+        "unacknowledged longer is redelivered while it still runs, so every hard time limit "
+        "must end before it minus JOBS_VISIBILITY_MARGIN. Say here what the server has; raise "
+        "it in rabbitmq.conf (`consumer_timeout = 7200000`, in ms).",
+    )
+    rabbitmq_startup_wait: float = _knob(
+        60.0,
+        "s",
+        "RabbitMQ: how long a starting worker waits for the broker to answer before it gives "
+        "up (it declares and checks its queues first).",
     )
     max_retries: int = _knob(5, "count", "Default retries after the first attempt.")
     retry_backoff: float = _knob(2.0, "s", "Default first backoff window (doubles per retry).")
@@ -305,7 +334,9 @@ class Settings:
 
     @property
     def result_backend_url(self) -> str:
-        return self.result_backend or self.broker_url
+        return self.result_backend or brokers.default_result_backend(
+            self.broker_url, self.coordination_url
+        )
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -4,6 +4,8 @@
 
     interface.py  what the platform asks of a broker: :class:`~.interface.Broker` (pure)
     redis/        the Redis broker (``redis://``, ``rediss://``)
+    rabbitmq/     the RabbitMQ broker (``amqp://``, ``amqps://``): quorum queues, with a
+                  Redis for coordination (``JOBS_COORDINATION_URL``, required)
     memory.py     kombu's in-process transport (``memory://``), for pure unit tests
 
 Everything else in the library reaches the broker through :func:`of` (an app) or
@@ -18,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jobs_platform.brokers import memory
+from jobs_platform.brokers import rabbitmq as rabbitmq_broker
 from jobs_platform.brokers import redis as redis_broker
 from jobs_platform.brokers.interface import Broker
 from jobs_platform.env import env_name
@@ -27,10 +30,11 @@ from jobs_platform.urls import masked
 #: Scheme -> broker. ``memory`` only ever as ``memory://`` (no worker runs on it).
 BY_SCHEME: dict[str, Broker] = {
     **dict.fromkeys(redis_broker.SCHEMES, redis_broker.BROKER),
+    **dict.fromkeys(rabbitmq_broker.SCHEMES, rabbitmq_broker.BROKER),
     memory.SCHEME: memory.BROKER,
 }
 #: The schemes a real worker can run on, in the order error messages name them.
-WORKER_SCHEMES: tuple[str, ...] = redis_broker.SCHEMES
+WORKER_SCHEMES: tuple[str, ...] = (*redis_broker.SCHEMES, *rabbitmq_broker.SCHEMES)
 
 __all__ = [
     "BY_SCHEME",
@@ -39,6 +43,7 @@ __all__ = [
     "check_broker_url",
     "check_coordination_url",
     "check_urls",
+    "default_result_backend",
     "for_url",
     "of",
     "scheme_of",
@@ -66,10 +71,26 @@ def check_urls(values: Mapping[str, Any]) -> None:
     """The broker, result backend (when it is a broker's Redis) and coordination URLs of a
     settings table (``Settings.__post_init__`` calls this after the rules)."""
     check_broker_url(values["broker_url"], setting=env_name("broker_url"))
-    if scheme_of(values["result_backend"]) in WORKER_SCHEMES:
+    if scheme_of(values["result_backend"]) in redis_broker.SCHEMES:
         check_broker_url(values["result_backend"], setting=env_name("result_backend"))
     if values["coordination_url"]:
         check_coordination_url(values["coordination_url"], setting=env_name("coordination_url"))
+    elif scheme_of(values["broker_url"]) not in (*redis_broker.SCHEMES, memory.SCHEME):
+        raise ConfigError(
+            f"{env_name('broker_url')}={masked(values['broker_url'])!r} is not a Redis, so "
+            f"{env_name('coordination_url')} must name one (redis[s]://HOST[:PORT][/DB]): "
+            "locks, rate limits, beat, metric sums, the dead-letter spool and (unless "
+            f"{env_name('result_backend')} says otherwise) results live there"
+        )
+
+
+def default_result_backend(broker_url: str, coordination_url: str) -> str:
+    """The result backend when ``JOBS_RESULT_BACKEND`` is empty: the broker's Redis on
+    Redis; on another broker the coordination Redis (RabbitMQ's ``rpc://`` keeps results
+    only for the caller that waits on them)."""
+    if scheme_of(broker_url) in redis_broker.SCHEMES or not coordination_url:
+        return broker_url
+    return coordination_url
 
 
 def check_broker_url(url: str, *, setting: str) -> str:
@@ -81,7 +102,8 @@ def check_broker_url(url: str, *, setting: str) -> str:
     """
     if url == memory.URL:
         return url
-    scheme = _scheme(url, setting, WORKER_SCHEMES, "(jobs-platform runs on the Redis broker today)")
+    why = "(the brokers jobs-platform runs on: Redis, RabbitMQ)"
+    scheme = _scheme(url, setting, WORKER_SCHEMES, why)
     BY_SCHEME[scheme].check_url(url, setting=setting)
     return url
 

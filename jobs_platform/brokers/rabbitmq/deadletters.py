@@ -52,6 +52,8 @@ from kombu.serialization import prepare_accept_content
 from kombu.utils.json import dumps as kombu_dumps
 
 from jobs_platform import arguments, history
+from jobs_platform.brokers.rabbitmq import topology
+from jobs_platform.brokers.rabbitmq.topology import DEAD_EXCHANGE, DEAD_QUEUE
 from jobs_platform.clock import as_utc, utc_iso, utcnow
 from jobs_platform.deadletter import envelope, rawpoison
 from jobs_platform.deadletter.envelope import Refusal
@@ -65,10 +67,6 @@ from jobs_platform.deadletter.record import DeadLetter, parse_time, row_id_or_no
 
 logger = logging.getLogger("jobs_platform.deadletter")
 
-#: The exchange every work queue dead-letters to (fanout: one dead queue takes all).
-DEAD_EXCHANGE = "jobs.dead"
-#: The queue the drain consumes (quorum, durable; it dead-letters nowhere itself).
-DEAD_QUEUE = "jobs.dead"
 #: The bootstep, by name (only workers import it).
 STEP = "jobs_platform.brokers.rabbitmq.deadletters:DeadLetterDrain"
 
@@ -123,17 +121,11 @@ BACKOFF_MAX_S = 10.0
 
 def dead_lettering_arguments(delivery_limit: int) -> dict[str, Any]:
     """The ``queue_arguments`` of a work queue whose dead messages the drain records."""
-    return {
-        "x-queue-type": "quorum",
-        "x-dead-letter-exchange": DEAD_EXCHANGE,
-        "x-dead-letter-strategy": "at-least-once",
-        "x-overflow": "reject-publish",
-        "x-delivery-limit": delivery_limit,
-    }
+    return topology.work_queue_arguments(delivery_limit)
 
 
 def dead_exchange() -> Exchange:
-    return Exchange(DEAD_EXCHANGE, type="fanout", durable=True)
+    return Exchange(DEAD_EXCHANGE, type=topology.DEAD_EXCHANGE_TYPE, durable=True)
 
 
 def dead_queue() -> Queue:
@@ -141,7 +133,7 @@ def dead_queue() -> Queue:
         DEAD_QUEUE,
         dead_exchange(),
         durable=True,
-        queue_arguments={"x-queue-type": "quorum"},
+        queue_arguments=topology.dead_queue_arguments(),
     )
 
 

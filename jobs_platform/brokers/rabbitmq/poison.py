@@ -9,7 +9,7 @@ that does not decode (``on_decode_error``: gone without a trace), and a message 
 headers or body it cannot read raises out of its handler.
 
 :class:`PoisonConsumer` makes every case a reject without requeue. Every work queue
-dead-letters to :data:`.deadletters.DEAD_EXCHANGE`, so the broker moves the message, as it
+dead-letters to :data:`.topology.DEAD_EXCHANGE`, so the broker moves the message, as it
 arrived, to the dead queue, and the drain (:class:`.deadletters.DeadLetterDrain`) stores it
 as ``poison`` before acknowledging it there: the message is never out of a replicated queue
 before its row exists, and the worker's event loop never waits on a database. Nothing is
@@ -33,11 +33,8 @@ from kombu.utils.json import dumps as kombu_dumps
 from kombu.utils.json import loads as kombu_loads
 
 from jobs_platform import history
-from jobs_platform.brokers.rabbitmq.deadletters import (
-    DEAD_EXCHANGE,
-    body_bytes,
-    dead_letters_to_drain,
-)
+from jobs_platform.brokers.rabbitmq.deadletters import body_bytes, dead_letters_to_drain
+from jobs_platform.brokers.rabbitmq.topology import DEAD_EXCHANGE
 from jobs_platform.deadletter import envelope, rawpoison
 from jobs_platform.deadletter.envelope import Refusal
 from jobs_platform.deadletter.hooks import DeadLetterConsumer, capture
