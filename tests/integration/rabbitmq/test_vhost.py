@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import kombu
 
-from jobs_platform.testing.rabbitmq import list_queues, rabbitmq_vhost, rabbitmqctl
+from jobs_platform.testing.rabbitmq import flush, list_queues, rabbitmq_vhost, rabbitmqctl
 
 
 def test_a_vhost_of_its_own_holds_the_tests_queues_and_is_deleted_after_it() -> None:
@@ -19,4 +19,6 @@ def test_a_vhost_of_its_own_holds_the_tests_queues_and_is_deleted_after_it() -> 
             )
             queue(conn.default_channel).declare()
         assert list_queues(name) == [{"name": "q1", "type": "quorum", "messages": "0"}]
+    assert name in rabbitmqctl("list_vhosts").split()  # doomed, deleted with its batch
+    flush()
     assert name not in rabbitmqctl("list_vhosts").split()
