@@ -4,7 +4,8 @@ The machine's RabbitMQ node is never touched: each node here has its own node na
 run), its own free loopback ports (AMQP and Erlang distribution), its own directory under a
 temporary root (mnesia, logs, config) and a private Erlang cookie, so even a stray
 ``rabbitmqctl`` without the cookie cannot reach it. Only ``epmd`` (port 4369) is shared, as
-every Erlang node on a host shares it. Everything is stopped and deleted on the way out, even
+every Erlang node on a host shares it (the first node starts it if it is not running, and it
+stays, as it does for any Erlang node). Everything is stopped and deleted on the way out, even
 when the test fails (and at interpreter exit as a safety net).
 
 ::
