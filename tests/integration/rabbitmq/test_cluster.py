@@ -23,7 +23,8 @@ import pytest
 from jobs_platform.testing import wait_for
 from jobs_platform.testing.rabbitmq_cluster import RabbitCluster, unavailable_reason
 
-pytestmark = pytest.mark.integration
+# The first test's time includes the cluster's start (20-35 s on two busy cores).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 MESSAGES = 1_000
 

@@ -52,6 +52,7 @@ pytestmark = [
     pytest.mark.integration,
     pytest.mark.acceptance,
     pytest.mark.slow,
+    pytest.mark.timeout(600),
     pytest.mark.skipif(
         not LONG and os.environ.get("JOBS_CLUSTER_SMOKE") != "1",
         reason="about 2 minutes on its own cluster: JOBS_LONG_TESTS=1 or JOBS_CLUSTER_SMOKE=1",
