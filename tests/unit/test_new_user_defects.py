@@ -26,7 +26,10 @@ def unit_app(name: str = "unit") -> object:
         ("redis:/127.0.0.1:6391/0", r"JOBS_BROKER_URL='redis:/127.0.0.1:6391/0' has no host"),
         # RabbitMQ is a broker now, but not without a Redis for coordination.
         ("amqp://guest:s3cret@localhost//", r"JOBS_COORDINATION_URL must name one"),
-        ("kafka://guest:s3cret@localhost", r"scheme must be redis:// or rediss:// or sentinel:// or amqp://"),
+        (
+            "kafka://guest:s3cret@localhost",
+            r"scheme must be redis:// or rediss:// or sentinel:// or amqp://",
+        ),
         ("redis://u:s3cret@host:6379/zero", r"must be a database number"),
         ("redis://127.0.0.1:99999/0", r"not a valid URL"),
         ("127.0.0.1:6379", r"scheme must be"),

@@ -175,3 +175,15 @@ def test_an_inequivalent_argument_is_described_with_how_to_migrate() -> None:
     assert "queue 'fast' exists with another argument x-delivery-limit" in said
     assert "new vhost" in said and "rabbitmqctl delete_queue -p prod fast" in said
     assert topology.DEAD_EXCHANGE == topology.DEAD_QUEUE == "jobs.dead"
+
+
+def test_the_rabbitmq_consumer_leaves_out_only_celerys_per_reconnect_delayed_delivery() -> None:
+    from celery.worker.consumer import Consumer as CeleryConsumer
+
+    from jobs_platform.brokers.rabbitmq import consumer
+
+    assert consumer.CELERY_DELAYED_DELIVERY_STEP in CeleryConsumer.Blueprint.default_steps
+    kept = set(consumer.Consumer.Blueprint.default_steps)
+    assert kept == set(CeleryConsumer.Blueprint.default_steps) - {
+        consumer.CELERY_DELAYED_DELIVERY_STEP
+    }

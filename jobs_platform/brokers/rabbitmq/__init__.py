@@ -122,7 +122,7 @@ class RabbitMQBroker:
     def install(self, app: Any) -> None:
         """Every worker declares and checks the topology and binds every queue to delayed
         delivery at start; each publish rounds its delay up; revoke reaches delayed jobs."""
-        from jobs_platform.brokers.rabbitmq import deadletters, dispatch, poison, received
+        from jobs_platform.brokers.rabbitmq import consumer, deadletters, dispatch, received
 
         app.steps["worker"].add(TOPOLOGY_STEP)
         app.control_cls = CONTROL
@@ -135,7 +135,8 @@ class RabbitMQBroker:
         # instead of Celery's silent ack. After the dead-letter install: it overrides
         # worker_consumer, and the drain needs the drainer step.
         deadletters.install(app)
-        poison.install(app)
+        # The poison screen's consumer, without Celery's per-reconnect delayed-delivery step.
+        app.conf.worker_consumer = consumer.CONSUMER
 
     def check_live(self, app: Any) -> None:
         options = app.conf.broker_transport_options or {}
