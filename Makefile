@@ -61,6 +61,7 @@ demo: install
 
 bench: install services
 	$(BIN)/python -m bench.throughput
+	$(BIN)/python -m bench.brokers
 	$(BIN)/python -m bench.delayed
 	$(BIN)/python -m bench.scrape
 	$(BIN)/python -m bench.costs
