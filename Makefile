@@ -76,10 +76,14 @@ bench: install services
 	$(BIN)/python -m bench.outbox
 	$(BIN)/python -m bench.batches
 
-# The long soak (20,000 jobs under kills, a Redis restart and a database cut; ~10 min).
-# Its short form (2,000 jobs) runs in `make test` (tests/acceptance/test_chaos.py).
+# The long soak (20,000 jobs under kills, a Redis restart and a database cut; ~10 min), then
+# the same on a three-node RabbitMQ cluster of its own whose fast-queue leader node is killed
+# four times (~8 min). Short forms (2,000 jobs) run in `make test`
+# (tests/acceptance/test_chaos.py, tests/acceptance/test_chaos_rabbitmq.py).
 chaos: install services
 	$(BIN)/python -m bench.chaos --jobs 20000
+	$(BIN)/python -m bench.chaos --broker rabbitmq-cluster --jobs 20000 --leader-kills 4 \
+		--results bench/results/chaos-rabbitmq.json
 
 clean:
 	rm -rf $(VENV) $(LOWEST) .pytest_cache .mypy_cache .ruff_cache .demo jobs_platform.sqlite3*

@@ -38,6 +38,7 @@ import bisect
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -49,7 +50,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ from typing import Any
 import redis
 import sqlalchemy as sa
 
+from bench.chaos_cluster import ClusterBroker, LeaderKill, resume_times
 from jobs_platform.routing import QUEUE_NAMES
 from jobs_platform.testing import RedisServer, WorkerProcess, wait_for
 
@@ -76,6 +78,9 @@ SHORT_DELAY_S = (1.0, 4.0)
 DB_CUT_S = 3.0
 GATEWAY_LATENCY_S = 0.08
 REDIS_DOWN_S = 2.0
+#: How long a killed RabbitMQ node stays down before the soak restarts it.
+LEADER_DOWN_S = 5.0
+BROKERS = ("redis", "rabbitmq-cluster")
 #: Most jobs waiting in the queues before the producer pauses (it must not outrun the fleet).
 MAX_BACKLOG = 400
 
@@ -459,7 +464,9 @@ class Faults:
     child_terms: int = 0  # SIGTERM to a pool process (Celery's own cancel signal)
     busy_child_terms: int = 0
     redis_restarts: int = 0
+    leader_kills: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     db_cuts: int = 0
+    db_cut_at: float | None = None  # wall time
     gateway_503s: int = 0
     log: list[str] = dataclasses.field(default_factory=list)
 
@@ -471,12 +478,15 @@ class Chaos(threading.Thread):
         self,
         *,
         fleet: Fleet,
-        redis_server: RedisServer,
+        redis_server: RedisServer | None,
         proxy: TcpProxy,
         gateway: Gateway,
         every_s: float,
         duration_s: float,
         rng: random.Random,
+        cluster: ClusterBroker | None = None,
+        leader_kills: int = 1,
+        leader_down_s: float = LEADER_DOWN_S,
     ) -> None:
         super().__init__(daemon=True, name="chaos")
         self.fleet, self.redis_server, self.proxy, self.gateway = (
@@ -485,18 +495,33 @@ class Chaos(threading.Thread):
             proxy,
             gateway,
         )
+        self.cluster = cluster
+        self.leader_down_s = leader_down_s
+        self.leader_threads: list[LeaderKill] = []
         self.every_s = every_s
         self.rng = rng
         self.faults = Faults()
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.started_at = time.monotonic()
-        self.redis_at = self.started_at + 0.35 * duration_s
+        # The broker fault: one redis-server restart at 35% of the run; on a cluster,
+        # ``leader_kills`` leader kills spread from 30% to 80% (one at a time).
+        if cluster is None:
+            fractions = [0.35]
+        elif leader_kills == 1:
+            fractions = [0.3]
+        else:
+            fractions = [0.3 + 0.5 * i / (leader_kills - 1) for i in range(leader_kills)]
+        self.broker_at = [self.started_at + f * duration_s for f in fractions]
         self.db_at = self.started_at + 0.65 * duration_s
 
     def finish(self) -> Faults:
         self.done.set()
         self.join(300)
+        for thread in self.leader_threads:
+            thread.join(300)
+            if thread.record is not None:
+                self.faults.leader_kills.append(thread.record.as_dict())
         if self.error is not None:
             raise RuntimeError(f"fault injection failed: {self.error!r}") from self.error
         return self.faults
@@ -517,9 +542,9 @@ class Chaos(threading.Thread):
             if now >= next_gateway:
                 self.gateway.fail_next(2)
                 next_gateway = now + 3.0
-            if self.redis_at and now >= self.redis_at:
-                self.redis_at = 0.0
-                self._restart_redis()
+            if self.broker_at and now >= self.broker_at[0] and not self._leader_busy():
+                self.broker_at.pop(0)
+                self._broker_fault()
             elif self.db_at and now >= self.db_at:
                 self.db_at = 0.0
                 self._cut_database()
@@ -555,8 +580,25 @@ class Chaos(threading.Thread):
             self.faults.child_kills += 1
             self.faults.busy_child_kills += busy
 
+    def _leader_busy(self) -> bool:
+        return any(thread.is_alive() for thread in self.leader_threads)
+
+    def _broker_fault(self) -> None:
+        if self.cluster is None:
+            self._restart_redis()
+            return
+
+        def on_kill(killed_at: float) -> None:
+            # Every consumer connected to the node lost its connection (for attribution).
+            self.fleet.kill_windows.append((EVERY_QUEUE, killed_at, killed_at + 1.0))
+
+        thread = LeaderKill(self.cluster, down_s=self.leader_down_s, say=self._say, on_kill=on_kill)
+        self.leader_threads.append(thread)
+        thread.start()
+
     def _restart_redis(self) -> None:
         self._say("SIGKILL redis-server; restarting it on the same port and AOF directory")
+        assert self.redis_server is not None
         process = self.redis_server.process
         assert process is not None
         killed_at = time.time()
@@ -569,6 +611,7 @@ class Chaos(threading.Thread):
 
     def _cut_database(self) -> None:
         self._say(f"database cut: the proxy drops every connection, refuses for {DB_CUT_S:g} s")
+        self.faults.db_cut_at = time.time()
         self.proxy.cut(DB_CUT_S)
         self.faults.db_cuts += 1
 
@@ -579,18 +622,32 @@ class Chaos(threading.Thread):
 class Producer:
     """Sends the jobs at ``rate``/s, pausing while the queues are deep; a failed dispatch is
     sent again with the same task id and enqueue stamp (the producer cannot know whether the
-    broker stored it)."""
+    broker stored it).
 
-    def __init__(self, app_module: Any, client: redis.Redis, rate: float) -> None:
+    A failed dispatch is the platform's DispatchError (the broker did not answer), or on
+    RabbitMQ a publish the broker refused: a confirm that came back as a nack
+    (``amqp.exceptions.MessageNacked``: a quorum queue without a leader during an election
+    refuses the publish, and kombu retries only lost connections, not nacks). A nack does
+    not prove the message was not stored, so it is sent again too, under the same task id:
+    a job is never counted as lost for a refusal, and a copy that was stored after all is a
+    second run the checks explain by the re-dispatch (``redispatched``). ``refused`` counts
+    the failures by exception type.
+    """
+
+    def __init__(self, app_module: Any, backlog: Callable[[], int], rate: float) -> None:
         self.tasks = {t.name: t for t in _tasks(app_module)}
-        self.client = client
+        self.backlog = backlog
         self.rate = rate
-        self.sublists = _queue_lists(app_module.app)
         self.redispatched: collections.Counter[str] = collections.Counter()
+        self.refused: collections.Counter[str] = collections.Counter()
+        #: (wall time, seconds) of every stretch the producer spent re-sending one job
+        self.stalls: list[tuple[float, float]] = []
         #: task id -> wall time of its first dispatch attempt
         self.sent_at: dict[str, float] = {}
 
     def run(self, jobs: list[Job], on_progress: Callable[[int], None]) -> None:
+        from amqp.exceptions import MessageNacked
+
         from jobs_platform.clock import utc_iso
         from jobs_platform.errors import DispatchError
         from jobs_platform.history import ENQUEUED_HEADER
@@ -605,26 +662,30 @@ class Producer:
                 on_progress(i)
             headers = {ENQUEUED_HEADER: utc_iso()}
             self.sent_at[job.task_id] = time.time()
-            deadline = time.monotonic() + 120
+            began = time.monotonic()
+            deadline = began + 120
             while True:
                 try:
                     self.tasks[job.task].apply_async(
                         job.args, task_id=job.task_id, countdown=job.delay_s, headers=headers
                     )
                     break
-                except DispatchError:
+                except (DispatchError, MessageNacked) as exc:
                     if time.monotonic() > deadline:
                         raise
+                    self.refused[type(exc).__name__] += 1
                     self.redispatched[job.task_id] += 1
                     time.sleep(0.5)
+            if self.redispatched.get(job.task_id):
+                self.stalls.append((self.sent_at[job.task_id], time.monotonic() - began))
 
     def _wait_for_room(self) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if backlog(self.client, self.sublists) < MAX_BACKLOG:
+                if self.backlog() < MAX_BACKLOG:
                     return
-            except redis.RedisError:
+            except Exception:  # the broker is down or failing over: wait for it
                 pass
             time.sleep(0.2)
 
@@ -648,13 +709,16 @@ def quiet(client: redis.Redis, sublists: list[str], app: Any) -> bool:
     from jobs_platform.brokers.redis.options import keys_for
 
     settings = app.jobs_settings
-    with client.pipeline(transaction=False) as pipe:
-        for name in sublists:
-            pipe.llen(name)
-        pipe.hlen("unacked")
-        pipe.zcard(keys_for(app).due)
-        pipe.llen(settings.dlq_spool_key)
-        return not any(int(n) for n in pipe.execute())
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            for name in sublists:
+                pipe.llen(name)
+            pipe.hlen("unacked")
+            pipe.zcard(keys_for(app).due)
+            pipe.llen(settings.dlq_spool_key)
+            return not any(int(n) for n in pipe.execute())
+    except redis.RedisError:
+        return False
 
 
 # -- the evidence ------------------------------------------------------------------------------
@@ -669,6 +733,7 @@ class Ledger:
     dups: collections.Counter[str]
     ticks: dict[str, set[str]]  # slot -> task ids
     unreadable: int
+    ends: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # id -> end times
 
     @classmethod
     def read(cls, directory: Path) -> Ledger:
@@ -676,6 +741,7 @@ class Ledger:
         ok: set[str] = set()
         dups: collections.Counter[str] = collections.Counter()
         ticks: dict[str, set[str]] = collections.defaultdict(set)
+        ends: dict[str, list[float]] = collections.defaultdict(list)
         unreadable = 0
         for path in directory.glob("*.jsonl"):
             for line in path.read_text().splitlines():
@@ -693,7 +759,9 @@ class Ledger:
                     dups[record["guard"]] += 1
                 elif event == "tick":
                     ticks[str(record["slot"])].add(task_id)
-        return cls(dict(runs), ok, dups, dict(ticks), unreadable)
+                elif event == "end":
+                    ends[task_id].append(float(record["ts"]))
+        return cls(dict(runs), ok, dups, dict(ticks), unreadable, dict(ends))
 
 
 def dead_letters(url: str) -> list[tuple[str, str]]:
@@ -868,12 +936,19 @@ def check_accounting(
 
 
 def check_attempts(
-    ledger: Ledger, redispatched: collections.Counter[str], max_attempts: dict[str, int]
+    ledger: Ledger,
+    redispatched: collections.Counter[str],
+    max_attempts: dict[str, int],
+    leader_kills: Sequence[float] = (),
 ) -> tuple[Check, dict[str, Any]]:
+    """``leader_kills``: wall times of RabbitMQ leader kills. A delayed message waiting in
+    a delayed-delivery queue when its leader died can reach its work queue twice, not
+    flagged redelivered (the new leader dead-letters it again: at-least-once
+    dead-lettering); such a second run within 30 s after a kill is counted apart."""
     over_cap: list[str] = []
     unexplained: list[str] = []
     runs = redelivered_runs = beyond_ladder = lost_retries = 0
-    redelivered_jobs = 0
+    redelivered_jobs = dead_lettered_twice = 0
     for task_id, records in ledger.runs.items():
         attempts = [int(r["attempt"]) for r in records]
         redelivered = sum(1 for r in records if r["redelivered"])
@@ -890,7 +965,10 @@ def check_attempts(
         # just before dying: then it goes on twice, both copies within the cap).
         resent = redelivered or any(int(r["lost"]) for r in records)
         if extra and not resent and not redispatched.get(task_id):
-            unexplained.append(task_id)
+            if any(k <= float(r["ts"]) <= k + 30 for r in records for k in leader_kills):
+                dead_lettered_twice += 1
+            else:
+                unexplained.append(task_id)
     figures = {
         "runs": runs,
         "redelivered_runs": redelivered_runs,
@@ -898,6 +976,7 @@ def check_attempts(
         "runs_beyond_retry_ladder": beyond_ladder,
         "retries_after_pool_process_killed": lost_retries,
         "redispatched_jobs": len(redispatched),
+        "delayed_jobs_delivered_twice_at_a_leader_kill": dead_lettered_twice,
         "over_cap": over_cap[:20],
         "unexplained": unexplained[:20],
     }
@@ -915,7 +994,11 @@ def check_attempts(
 
 
 def check_side_effects(
-    jobs: list[Job], ledger: Ledger, gateway: Gateway, paid: dict[int, str | None]
+    jobs: list[Job],
+    ledger: Ledger,
+    gateway: Gateway,
+    paid: dict[int, str | None],
+    db_cut_at: float | None = None,
 ) -> tuple[Check, dict[str, Any]]:
     """Charges (the gateway dedupes by idempotency key) exactly once per charged order, and
     never twice. Receipts (the mailer dedupes nothing; the key table guards them) once per
@@ -926,11 +1009,19 @@ def check_side_effects(
     def orders_done(plan: str) -> set[int]:
         return {int(j.order or 0) for j in jobs if j.plan == plan and j.task_id in ledger.ok}
 
+    def cut(record: dict[str, Any]) -> bool:
+        # An attempt running while the database was cut: the send went out and the key
+        # table could not record it (the same window as a kill between the two).
+        at = float(record["ts"])
+        return db_cut_at is not None and db_cut_at - 1 <= at <= db_cut_at + DB_CUT_S + 1
+
     killed_receipts = {
         f"order-{j.order}"
         for j in jobs
         if j.plan == "receipt"
-        and any(int(r["lost"]) or r["redelivered"] for r in ledger.runs.get(j.task_id, []))
+        and any(
+            int(r["lost"]) or r["redelivered"] or cut(r) for r in ledger.runs.get(j.task_id, [])
+        )
     }
     charged, mailed = orders_done("charge"), orders_done("receipt")
     twice = [f"charge {ref}" for ref, n in gateway.charges.items() if n > 1]
@@ -1057,6 +1148,9 @@ class Options:
     seed: int
     drain_timeout: float
     results: Path
+    broker: str = "redis"
+    leader_kills: int = 1
+    leader_down: float = LEADER_DOWN_S
 
 
 def parse(argv: list[str] | None) -> Options:
@@ -1079,21 +1173,59 @@ def parse(argv: list[str] | None) -> Options:
         help="seconds to wait for every job to end after the last enqueue",
     )
     parser.add_argument("--results", type=Path, default=RESULTS, help="JSON figures file")
+    parser.add_argument(
+        "--broker",
+        choices=BROKERS,
+        default="redis",
+        help="redis: a private redis-server (restarted once); rabbitmq-cluster: a three-node "
+        "RabbitMQ cluster of the soak's own whose fast-queue leader node is killed",
+    )
+    parser.add_argument(
+        "--leader-kills",
+        type=int,
+        default=1,
+        help="rabbitmq-cluster: SIGKILLs of the fast queue's leader node (each restarted)",
+    )
+    parser.add_argument(
+        "--leader-down",
+        type=float,
+        default=LEADER_DOWN_S,
+        help="rabbitmq-cluster: seconds a killed node stays down before its restart",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 100:
         parser.error("--jobs must be >= 100 (the faults need a run to land in)")
     if args.rate <= 0 or args.fault_every <= 0 or args.drain_timeout <= 0:
         parser.error("--rate, --fault-every and --drain-timeout must be > 0")
+    if args.leader_kills < 1 or args.leader_down < 0:
+        parser.error("--leader-kills must be >= 1 and --leader-down >= 0")
+    if args.broker == "rabbitmq-cluster":
+        from jobs_platform.testing.rabbitmq_cluster import unavailable_reason
+
+        reason = unavailable_reason()
+        if reason is not None:
+            parser.error(f"--broker rabbitmq-cluster: {reason}")
     seed = args.seed if args.seed is not None else random.randrange(2**31)
-    return Options(args.jobs, args.rate, args.fault_every, seed, args.drain_timeout, args.results)
+    return Options(
+        args.jobs,
+        args.rate,
+        args.fault_every,
+        seed,
+        args.drain_timeout,
+        args.results,
+        args.broker,
+        args.leader_kills,
+        args.leader_down,
+    )
 
 
 def worker_env(
-    broker_url: str, database_url: str, gateway_url: str, ledger: Path
+    broker: dict[str, str], database_url: str, gateway_url: str, ledger: Path
 ) -> dict[str, str]:
+    """``broker``: ``JOBS_BROKER_URL`` (and ``JOBS_COORDINATION_URL`` on RabbitMQ)."""
     return {
         "PYTHONPATH": str(ROOT),
-        "JOBS_BROKER_URL": broker_url,
+        **broker,
         "JOBS_DATABASE_URL": database_url,
         "JOBS_VISIBILITY_TIMEOUT": str(VISIBILITY_TIMEOUT_S),
         "JOBS_VISIBILITY_MARGIN": str(VISIBILITY_MARGIN_S),
@@ -1118,8 +1250,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     started = time.monotonic()
     print(
-        f"chaos soak: {options.jobs} jobs at {options.rate:g}/s, a fault every "
-        f"{options.fault_every:g} s, seed {options.seed}",
+        f"chaos soak on {options.broker}: {options.jobs} jobs at {options.rate:g}/s, a fault "
+        f"every {options.fault_every:g} s, seed {options.seed}",
         flush=True,
     )
     with contextlib.ExitStack() as stack:
@@ -1154,11 +1286,24 @@ def _soak(
     jobs, orders = plan_jobs(options.jobs, rng)
     ledger_dir = run_dir / "ledger"
     ledger_dir.mkdir()
-    redis_server = stack.enter_context(RedisServer(persistent=True))
+    redis_server: RedisServer | None = None
+    cluster: ClusterBroker | None = None
+    if options.broker == "rabbitmq-cluster":
+        print("starting a three-node RabbitMQ cluster of the soak's own", flush=True)
+        cluster = ClusterBroker(stack)
+        broker_env = cluster.env()
+        print(
+            f"cluster up in {cluster.start_s:.1f} s ({cluster.cluster.timings}); vhost "
+            f"{cluster.vhost}",
+            flush=True,
+        )
+    else:
+        redis_server = stack.enter_context(RedisServer(persistent=True))
+        broker_env = {"JOBS_BROKER_URL": redis_server.url}
     direct_url = stack.enter_context(private_database())
     proxy = stack.enter_context(TcpProxy("127.0.0.1", sa.make_url(direct_url).port or 5432))
     gateway = stack.enter_context(Gateway())
-    env = worker_env(redis_server.url, through(direct_url, proxy.port), gateway.url, ledger_dir)
+    env = worker_env(broker_env, through(direct_url, proxy.port), gateway.url, ledger_dir)
     os.environ.update(env)  # this process dispatches through the same app
     import bench.chaos_app as chaos_app
     from jobs_platform.db import upgrade
@@ -1169,10 +1314,24 @@ def _soak(
     stack.callback(fleet.stop)
     fleet.start()
     fleet.start_beat(1.0)
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=5, socket_connect_timeout=2)
+    app = chaos_app.app
+    backlog_of: Callable[[], int]
+    quiet_now: Callable[[], bool]
+    if cluster is not None:
+        from bench import chaos_cluster
+
+        client = cluster.client()
+        backlog_of = functools.partial(chaos_cluster.backlog, app)
+        quiet_now = functools.partial(chaos_cluster.quiet, app, client)
+    else:
+        assert redis_server is not None
+        client = redis.Redis.from_url(redis_server.url, socket_timeout=5, socket_connect_timeout=2)
+        sublists = _queue_lists(app)
+        backlog_of = functools.partial(backlog, client, sublists)
+        quiet_now = functools.partial(quiet, client, sublists, app)
     stack.callback(client.close)
     slots = SlotWatch(chaos_app.BEAT_ENTRY)
-    producer = Producer(chaos_app, client, options.rate)
+    producer = Producer(chaos_app, backlog_of, options.rate)
     chaos = Chaos(
         fleet=fleet,
         redis_server=redis_server,
@@ -1181,6 +1340,9 @@ def _soak(
         every_s=options.fault_every,
         duration_s=options.jobs / options.rate,
         rng=rng,
+        cluster=cluster,
+        leader_kills=options.leader_kills,
+        leader_down_s=options.leader_down,
     )
     print(f"fleet ready in {time.monotonic() - started:.1f} s; enqueueing", flush=True)
     enqueue_started = time.monotonic()
@@ -1192,11 +1354,22 @@ def _soak(
     enqueue_s = time.monotonic() - enqueue_started
     fleet.stop_beat()
     print(f"enqueued {len(jobs)} jobs in {enqueue_s:.1f} s; draining", flush=True)
-    drain_s = _drain(options, jobs, ledger_dir, direct_url, client, producer, fleet, slots)
+    # On RabbitMQ running deliveries do not show over AMQP: "nothing ready anywhere" is
+    # trusted with jobs still open only after longer than a job's hard limit (10 s).
+    settle_polls = 2 if cluster is None else 15
+    drain_s = _drain(
+        options, jobs, ledger_dir, direct_url, client, quiet_now, fleet, slots, settle_polls
+    )
     fleet.stop()
     slots.collect(client)
     report = _verdict(jobs, ledger_dir, direct_url, gateway, producer, slots, faults, fleet)
+    if cluster is not None:
+        report["figures"]["cluster"] = {
+            "start_s": round(cluster.start_s, 1),
+            "timings": str(cluster.cluster.timings),
+        }
     report["figures"].update(
+        broker=options.broker,
         seed=options.seed,
         rate=options.rate,
         fault_every_s=options.fault_every,
@@ -1241,9 +1414,10 @@ def _drain(
     ledger_dir: Path,
     direct_url: str,
     client: redis.Redis,
-    producer: Producer,
+    quiet_now: Callable[[], bool],
     fleet: Fleet,
     slots: SlotWatch,
+    settle_polls: int = 2,
 ) -> float:
     """Wait until every job has ended and nothing is left anywhere on the broker.
 
@@ -1251,8 +1425,6 @@ def _drain(
     queued, held, delayed, spooled or running (a running job is unacknowledged). Waiting
     longer would not bring them back, so the drain ends and the verdict reports them.
     """
-    from bench import chaos_app
-
     started = time.monotonic()
     expected = {job.task_id for job in jobs}
     deadline = started + options.drain_timeout
@@ -1264,12 +1436,9 @@ def _drain(
         ledger = Ledger.read(ledger_dir)
         ended = ledger.ok | {task_id for task_id, _ in dead_letters(direct_url)}
         open_jobs = (expected | _tick_ids(ledger)) - ended
-        try:
-            settled = quiet(client, producer.sublists, chaos_app.app)
-        except redis.RedisError:
-            settled = False
-        quiet_polls = quiet_polls + 1 if settled else 0
-        if quiet_polls >= 2 and (not open_jobs or all(fleet.ready(q) for q in QUEUE_NAMES)):
+        quiet_polls = quiet_polls + 1 if quiet_now() else 0
+        needed = settle_polls if open_jobs else 2
+        if quiet_polls >= needed and (not open_jobs or all(fleet.ready(q) for q in QUEUE_NAMES)):
             if open_jobs:
                 print(f"  the broker is empty and {len(open_jobs)} jobs never ended", flush=True)
             return time.monotonic() - started
@@ -1317,12 +1486,18 @@ def _verdict(
     pops = PopClock(jobs, ledger, producer.sent_at, queue_of)
     results = [
         check_accounting(expected, ledger, letters, losses, pops, producer.sent_at),
-        check_attempts(ledger, producer.redispatched, _max_attempts()),
-        check_side_effects(jobs, ledger, gateway, paid_orders(direct_url)),
+        check_attempts(
+            ledger,
+            producer.redispatched,
+            _max_attempts(),
+            [float(k["killed_at"]) for k in faults.leader_kills],
+        ),
+        check_side_effects(jobs, ledger, gateway, paid_orders(direct_url), faults.db_cut_at),
         check_dead_letters_once(letters),
         check_outcomes(jobs, ledger, letters, slots, losses, pops),
     ]
     checks = [check for check, _ in results]
+    _attribute_delayed_losses(results[0][1], jobs, ledger, letters, producer, faults, expected)
     figures: dict[str, Any] = {
         "jobs": len(jobs),
         "beat_runs": len(_tick_ids(ledger)),
@@ -1338,6 +1513,8 @@ def _verdict(
             "pool_process_sigterms": faults.child_terms,
             "pool_process_sigterms_during_a_job": faults.busy_child_terms,
             "redis_restarts": faults.redis_restarts,
+            "leader_kills": len(faults.leader_kills),
+            "node_restarts": sum(1 for k in faults.leader_kills if k["restart_s"] is not None),
             "db_cuts": faults.db_cuts,
             "gateway_503s": faults.gateway_503s,
         },
@@ -1348,6 +1525,11 @@ def _verdict(
             "gateway_idempotency_key": gateway.replays,
         },
         "ledger_unreadable_lines": ledger.unreadable,
+        "dispatch": {
+            "refused": dict(producer.refused),
+            "longest_stall_s": round(max((s for _, s in producer.stalls), default=0.0), 1),
+        },
+        "leader_kills": _leader_kills(faults, jobs, ledger, producer, expected),
         "fault_log": faults.log,
         "kill_windows": fleet.kill_windows,
         "child_kills": fleet.child_kills,
@@ -1366,6 +1548,70 @@ def _verdict(
     }
 
 
+def _attribute_delayed_losses(
+    accounting: dict[str, Any],
+    jobs: list[Job],
+    ledger: Ledger,
+    letters: list[tuple[str, str]],
+    producer: Producer,
+    faults: Faults,
+    expected: dict[str, str],
+) -> None:
+    """On a cluster: how many lost jobs were last pushed as a delayed message around a
+    leader kill (finding 5 in docs/chaos.md), and how many are lost otherwise."""
+    from bench.chaos_cluster import lost_in_delayed_delivery
+
+    if not faults.leader_kills:
+        return
+    lost = set(expected) - ledger.ok - {task_id for task_id, _ in letters}
+    delay_of = {job.task_id: job.delay_s for job in jobs}
+
+    def pushed_delayed(task_id: str) -> bool:
+        # A run that did not succeed published a retry (with a countdown); no run: the
+        # producer's dispatch, delayed or not.
+        return bool(ledger.runs.get(task_id)) or bool(delay_of.get(task_id))
+
+    in_delay = lost_in_delayed_delivery(
+        lost,
+        [float(k["killed_at"]) for k in faults.leader_kills],
+        last_push=lambda t: last_push(t, ledger, producer.sent_at),
+        pushed_delayed=pushed_delayed,
+    )
+    accounting["lost_in_delayed_delivery_at_a_leader_kill"] = in_delay[:50]
+    accounting["lost_in_delayed_delivery_at_a_leader_kill_count"] = len(in_delay)
+    accounting["lost_otherwise"] = sorted(lost - set(in_delay))[:50]
+    accounting["lost_otherwise_count"] = len(lost - set(in_delay))
+
+
+def _leader_kills(
+    faults: Faults, jobs: list[Job], ledger: Ledger, producer: Producer, queue_of: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Each leader kill's record with the resume time of each worker after it."""
+    from bench.chaos_cluster import RESUME_BOUND_S
+
+    undelayed = [job.task_id for job in jobs if not job.delay_s]
+    out = []
+    for kill in faults.leader_kills:
+        resumed = resume_times(
+            float(kill["killed_at"]),
+            sent_at=producer.sent_at,
+            queue_of_job=queue_of,
+            undelayed=undelayed,
+            runs=ledger.runs,
+            ends=ledger.ends,
+        )
+        worst = [r["resumed_s"] for r in resumed.values()]
+        out.append(
+            {
+                **kill,
+                "resume": resumed,
+                "resume_bound_s": RESUME_BOUND_S,
+                "within_bound": all(w is not None and w <= RESUME_BOUND_S for w in worst),
+            }
+        )
+    return out
+
+
 def _print_report(report: dict[str, Any]) -> None:
     f = report["figures"]
     attempts, letters, faults = f["attempts"], f["dead_letters"], f["faults"]
@@ -1377,7 +1623,13 @@ def _print_report(report: dict[str, Any]) -> None:
         f"process kills ({faults['pool_process_kills_during_a_job']} during a job), "
         f"{faults['pool_process_sigterms']} pool process SIGTERMs "
         f"({faults['pool_process_sigterms_during_a_job']} during a job), "
-        f"{faults['redis_restarts']} redis restart, {faults['db_cuts']} "
+        + (
+            f"{faults['redis_restarts']} redis restart, "
+            if f.get("broker", "redis") == "redis"
+            else f"{faults['leader_kills']} leader-node SIGKILLs ({faults['node_restarts']} "
+            "restarted), "
+        )
+        + f"{faults['db_cuts']} "
         f"database cut, {faults['gateway_503s']} gateway 503s; "
         f"{f['worker_exits_not_caused_by_the_soak']} worker exits the soak did not cause",
         f"redeliveries: {attempts['redelivered_runs']} runs of redelivered messages "
@@ -1387,6 +1639,19 @@ def _print_report(report: dict[str, Any]) -> None:
         f"duplicates absorbed: {f['duplicates_absorbed']}",
         f"dead letters by reason: {letters['by_reason']}",
         f"outcomes by plan: {f['outcomes']['by_plan']}",
+        f"dispatch: refused and sent again {f['dispatch']['refused'] or 'never'}, longest "
+        f"stall {f['dispatch']['longest_stall_s']} s",
+        *(
+            [
+                f"lost: {f['accounting']['lost_count']}, of which "
+                f"{f['accounting']['lost_in_delayed_delivery_at_a_leader_kill_count']} last "
+                "pushed as a delayed message around a leader kill (finding 5), "
+                f"{f['accounting']['lost_otherwise_count']} otherwise"
+            ]
+            if "lost_otherwise_count" in f["accounting"]
+            else []
+        ),
+        *_leader_lines(f),
         f"wall time: {f['wall_s']} s (enqueue {f['enqueue_s']} s, drain {f['drain_s']} s)",
         "",
         *report["invariant"],
@@ -1395,6 +1660,28 @@ def _print_report(report: dict[str, Any]) -> None:
     for text in report["unexpected_exits"]:  # before the verdict, which ends the output
         lines.insert(-len(report["invariant"]) - 2, f"worker exited by itself: {text}")
     print("\n".join(lines), flush=True)
+
+
+def _leader_lines(figures: dict[str, Any]) -> list[str]:
+    lines = []
+    if "cluster" in figures:
+        lines.append(f"cluster: {figures['cluster']['timings']}")
+    for i, kill in enumerate(figures["leader_kills"], 1):
+        resumed = ", ".join(
+            f"{queue} {r['resumed_s']} s (first run ended {r['first_run_end_s']} s)"
+            for queue, r in kill["resume"].items()
+        )
+        lines.append(
+            f"leader kill {i}: node {kill['node'].split('@')[0]}, new leader "
+            f"{(kill['new_leader'] or '?').split('@')[0]} seen after {kill['new_leader_seen_s']} "
+            f"s, restarted in {kill['restart_s']} s{'; ' + kill['error'] if kill['error'] else ''}"
+        )
+        lines.append(
+            f"  resume time per worker (kill -> first job dispatched after it finished): "
+            f"{resumed}; bound {kill['resume_bound_s']:g} s: "
+            f"{'within' if kill['within_bound'] else 'EXCEEDED'}"
+        )
+    return lines
 
 
 if __name__ == "__main__":
