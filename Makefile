@@ -56,8 +56,10 @@ lowest: $(LOWEST_STAMP) services
 	$(LOWEST)/bin/python -m pip check
 	JOBS_LOWEST_VERSIONS=1 $(LOWEST)/bin/pytest $(LOWEST_TESTS)
 
+# BROKER=rabbitmq (or JOBS_DEMO_BROKER=rabbitmq): the same tour on the RabbitMQ at
+# 127.0.0.1:5672, in a vhost of its own (docs/demo.md).
 demo: install
-	$(BIN)/python -m tasks.demo
+	$(BIN)/python -m tasks.demo $(if $(BROKER),--broker $(BROKER))
 
 bench: install services
 	$(BIN)/python -m bench.throughput

@@ -1,6 +1,10 @@
-"""``python -m tasks.demo [--short] [--dir DIR] [--seed N]``: start, tour, stop, report.
+"""``python -m tasks.demo [--short] [--broker redis|rabbitmq] [--keep-vhost] [--dir DIR]
+[--seed N]``: start, tour, stop, report.
 
-The broker (:mod:`.broker`): an empty database claimed on the Redis at ``JOBS_BROKER_URL``
+The broker (:mod:`.broker`): Redis (the default) or RabbitMQ (``--broker rabbitmq`` or
+``JOBS_DEMO_BROKER=rabbitmq``: a vhost of the tour's own, deleted at the end unless
+``--keep-vhost``). The tour's Redis (the broker, or RabbitMQ's coordination Redis): an empty
+database claimed on the Redis at ``JOBS_BROKER_URL`` (``JOBS_COORDINATION_URL`` on RabbitMQ)
 and flushed at the end, or a private ``redis-server`` stopped at the end. The tour runs in a
 child process pointed at it (the ``tasks`` app reads its settings when it is imported,
 which ``python -m tasks.demo`` has already done).
@@ -43,6 +47,8 @@ class Options:
     short: bool
     demo_dir: Path
     seed: int
+    broker: str = "redis"
+    keep_vhost: bool = False
 
 
 def parse_args(argv: list[str] | None) -> Options:
@@ -63,8 +69,26 @@ def parse_args(argv: list[str] | None) -> Options:
         help="where the tour writes its files (JOBS_DEMO_DIR; default .demo in the repository)",
     )
     parser.add_argument("--seed", type=int, default=7, help="the flaky gateway's seed")
+    parser.add_argument(
+        "--broker",
+        choices=broker.KINDS,
+        default=None,
+        help=f"redis (the default) or rabbitmq ({broker.KIND_ENV})",
+    )
+    parser.add_argument(
+        "--keep-vhost",
+        action="store_true",
+        help="on RabbitMQ, keep the tour's vhost at the end (to look at its queues)",
+    )
     args = parser.parse_args(argv)
-    return Options(short=args.short, demo_dir=args.dir.resolve(), seed=args.seed)
+    kind = args.broker or broker.kind_of(os.environ.get(broker.KIND_ENV, ""))
+    return Options(
+        short=args.short,
+        demo_dir=args.dir.resolve(),
+        seed=args.seed,
+        broker=kind,
+        keep_vhost=args.keep_vhost,
+    )
 
 
 def console_for_output() -> Console:
@@ -74,13 +98,19 @@ def console_for_output() -> Console:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    options = parse_args(args)
     console = console_for_output()
+    try:
+        options = parse_args(args)
+    except ConfigError as exc:
+        console.print(f"[bold red]{exc}[/]")
+        return 2
     chosen = broker.from_env(os.environ)
     if chosen is not None:  # the child: the launching process chose its broker
         return run_tour(options, chosen, console)
     try:
-        with broker.choose(os.environ) as chosen:
+        with broker.choose(
+            os.environ, kind=options.broker, keep_vhost=options.keep_vhost
+        ) as chosen:
             console.print(f"broker: [bold]{chosen.describe()}[/]; {chosen.fate()}")
             return run_child(args, chosen)
     except ConfigError as exc:
@@ -92,11 +122,12 @@ def run_child(args: list[str], chosen: broker.Broker) -> int:
     """The tour in a child process on ``chosen``; its exit status."""
     env = {
         **os.environ,
-        "JOBS_BROKER_URL": chosen.url,
-        # Everything in that one database: results and coordination too (their own
-        # settings from the shell would put the tour's keys elsewhere).
+        "JOBS_BROKER_URL": chosen.broker_url,
+        # Everything in that one Redis database: results and coordination too (their own
+        # settings from the shell would put the tour's keys elsewhere). On RabbitMQ the
+        # coordination Redis is required, and results default to it.
         "JOBS_RESULT_BACKEND": "",
-        "JOBS_COORDINATION_URL": "",
+        "JOBS_COORDINATION_URL": chosen.url if chosen.rabbitmq else "",
         **chosen.to_env(),
     }
     child = subprocess.Popen([sys.executable, "-m", "tasks.demo", *args], env=env)
@@ -116,7 +147,7 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 def run_tour(options: Options, chosen: broker.Broker, console: Console) -> int:
     """Start everything, run the tour, stop everything (even on Ctrl-C), report."""
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
-    broker_url = chosen.url
+    broker_url = chosen.broker_url
     workload = tour.SHORT if options.short else tour.FULL
     demo_dir = options.demo_dir
     demo_dir.mkdir(parents=True, exist_ok=True)

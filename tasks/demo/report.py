@@ -29,7 +29,7 @@ from tasks.demo import checkout, csv_import, fairness, outage
 from tasks.demo.observe import QUEUES, Track
 from tasks.demo.tour import NOWHERE, Facts
 from tasks.jobs import app
-from tasks.paths import absolute_database_url
+from tasks.paths import absolute_database_url, data_dir
 
 #: Shown per section at most; the rest is summed up.
 MAX_ROWS = 12
@@ -63,11 +63,31 @@ class Report:
         self.checks: list[Check] = []
         self.held = {task_id for task_id, _ in (facts.kill.held if facts.kill else [])}
         self.reminders = set(facts.delayed.reminders if facts.delayed else ())
+        if facts.delayed is not None and facts.delayed.probe:
+            self.reminders.add(facts.delayed.probe)
         # Jobs of this run, the 24-hour reminders aside (they are cancelled, not run).
         self.jobs = {t: k for t, k in facts.tracks.items() if t not in self.reminders}
         # The import's poison chunk dies on purpose: section 8c judges it, the others leave
         # it aside.
         self.import_deaths = facts.csv_import.expected_deaths() if facts.csv_import else set()
+
+    def header(self) -> None:
+        """Which broker the tour ran on, and what of the tour rests on the Redis broker."""
+        facts = self.facts
+        broker = facts.broker
+        name = broker.name if broker is not None else "Redis"
+        self.console.print()
+        self.console.rule(f"[bold]Report: the {facts.workload.name} tour on {name}")
+        if broker is not None:
+            self.console.print(f"broker: {broker.describe()}")
+        if facts.on_rabbitmq:
+            self.console.print(
+                "Redis-only features, shown as RabbitMQ does them: no delayed store (delays "
+                "wait in RabbitMQ's celery_delayed_N queues, reminders are cancelled by "
+                "revoke(): 6); no fair queues (fairness_key is refused: 8b); no priorities "
+                "(quorum queues serve one level; the tour uses none). The killed worker's "
+                "held jobs are read from the task events (5)."
+            )
 
     def expect(self, what: str, ok: bool, detail: str) -> bool:
         self.checks.append(Check(what, ok, detail))
@@ -124,7 +144,7 @@ class Report:
                 f"({', '.join(track.hostnames) or 'by no worker'}), started "
                 f"{len(track.started)}x; its message is {where}"
             )
-            if where == NOWHERE and not track.received:
+            if where == NOWHERE and not track.received and not self.facts.on_rabbitmq:
                 self.console.print(
                     "  No worker announced it and the broker no longer has it: it was taken off "
                     "its queue and never recorded as fetched. kombu's Redis transport pops a "
@@ -339,6 +359,26 @@ class Report:
         if kill is None:
             self.expect("the killed worker's jobs were redelivered", False, "no kill happened")
             return
+        if facts.on_rabbitmq:
+            self.console.print(
+                f"{hhmmss(kill.at)} SIGKILL to {kill.worker} (pid {kill.pid}, its whole process "
+                f"group) with {kill.charges_in_flight} charge(s) in flight at the gateway. The "
+                f"task events say it held {len(kill.held)} job(s) received and not ended "
+                "(over AMQP a consumer's unacknowledged deliveries cannot be listed). With late "
+                "acks they were still RabbitMQ's: it requeued them when the dead worker's "
+                f"connection closed, no lease to run out. {kill.replacement} was ready "
+                f"{kill.back_at - kill.at:.1f} s later; every held job had reached a live "
+                f"worker again {kill.restored_at - kill.at:.1f} s after the kill. The tour "
+                f"expired the {kill.expired_locks} unique-dispatch lock(s) of the killed jobs "
+                "(coordination Redis), which would otherwise last their unique_for (300 s)."
+            )
+        else:
+            self.kill_text_redis()
+        self.kill_table()
+
+    def kill_text_redis(self) -> None:
+        kill = self.facts.kill
+        assert kill is not None
         self.console.print(
             f"{hhmmss(kill.at)} SIGKILL to {kill.worker} (pid {kill.pid}, its whole process "
             f"group) with {kill.charges_in_flight} charge(s) in flight at the gateway. It had "
@@ -351,6 +391,11 @@ class Report:
             f"the {kill.expired_locks} unique-dispatch lock(s) of the killed jobs, which "
             "would otherwise last their unique_for (300 s)."
         )
+
+    def kill_table(self) -> None:
+        facts = self.facts
+        kill = facts.kill
+        assert kill is not None
         invoice_of = {
             a["charge_task"]: a["invoice_id"] for a in facts.accepted.values() if "charge_task" in a
         }
@@ -408,6 +453,9 @@ class Report:
     # ------------------------------------------------------------------ 6. delayed
 
     def delayed(self) -> None:
+        if self.facts.on_rabbitmq:
+            self.delayed_rabbitmq()
+            return
         facts = self.facts
         delayed = facts.delayed
         section(self.console, "6. A delayed job through the delayed store")
@@ -458,6 +506,82 @@ class Report:
             delayed.reminders_stored == len(delayed.reminders) and delayed.reminders_left == 0,
             f"{delayed.reminders_stored} of {len(delayed.reminders)} stored, "
             f"{delayed.reminders_left} left after cancelling",
+        )
+
+    def delayed_rabbitmq(self) -> None:
+        facts = self.facts
+        delayed = facts.delayed
+        section(
+            self.console,
+            "6. A delayed job through RabbitMQ's delayed-delivery queues (no delayed store)",
+        )
+        if delayed is None or not delayed.task_id:
+            self.expect("the delayed export ran once", False, "it was never sent")
+            return
+        track = facts.tracks.get(delayed.task_id, Track())
+        due = delayed.dispatched_at + delayed.countdown_s
+        released = min(track.received) if track.received else None
+        self.console.print(
+            f"The end-of-day export was sent at {hhmmss(delayed.dispatched_at)} with "
+            f"countdown={delayed.countdown_s:g} s. On RabbitMQ the delayed store is a Redis "
+            "feature: a delay waits in the broker itself (Celery's native delayed delivery), "
+            "in the queues celery_delayed_27 .. _0, 2^N seconds in queue N for each bit of "
+            "the whole seconds it waits (rounded up). This one started in "
+            f"{delayed.first_level}; it was there: "
+            + ("yes" if delayed.stored else "[red]no[/]")
+            + " (no worker received it before it was due). While it waited (`rabbitmqctl "
+            "list_queues -p VHOST name messages`, non-empty delayed queues; the reminders' 24 "
+            "hours start in celery_delayed_16; quorum queues' counts there lag up to 5 s):"
+        )
+        self.console.print(
+            Panel(
+                delayed.listing or "(no output)",
+                title="the tour's vhost: delayed-delivery queues",
+                expand=False,
+            )
+        )
+        late = f"{released - due:+.2f} s from its due time" if released else "never"
+        self.console.print(
+            f"Delivered to heavy at {hhmmss(released) if released else '-'} ({late}), "
+            f"received {len(track.received)} time(s), run {len(track.started)} time(s): "
+            f"{facts.states.get(delayed.task_id, '?')}."
+        )
+        self.expect(
+            "the delayed export waited in RabbitMQ (no worker got it before it was due) and "
+            "ran exactly once",
+            delayed.stored
+            and not delayed.still_stored_after
+            and len(track.started) == 1
+            and facts.states.get(delayed.task_id) == "SUCCESS"
+            and released is not None
+            and released >= due - 0.5,
+            f"waited in RabbitMQ {delayed.stored}, runs {len(track.started)}, {late}",
+        )
+        probe = facts.tracks.get(delayed.probe, Track())
+        probe_state = facts.states.get(delayed.probe, "?")
+        written = (data_dir() / "outbox" / f"reminder-{delayed.probe_customer}.eml").exists()
+        self.console.print(
+            f"The {len(delayed.reminders)} 24-hour reminders (one per signup) wait in those "
+            f"queues too ({delayed.reminders_stored} message(s) in celery_delayed_16), where "
+            "nothing can take one out: they were cancelled by revoke(), which records each id "
+            "on the coordination Redis so that a worker, even one started tomorrow, skips the "
+            f"job when it arrives: {delayed.cancel_summary}. To show that skip, one more "
+            "reminder, due in 3 s, was revoked as soon as it was sent: when it arrived the "
+            "worker discarded it (Celery sends no task-received event for a revoked job, and "
+            f"stores REVOKED): started {len(probe.started)} time(s), state {probe_state}, its "
+            f"reminder {'[red]written[/]' if written else 'not written'}."
+        )
+        self.expect(
+            "the 24-hour reminders waited in RabbitMQ, and were revoked",
+            delayed.reminders_stored >= len(delayed.reminders) and delayed.reminders_left == 0,
+            f"{delayed.reminders_stored} in celery_delayed_16 for {len(delayed.reminders)} "
+            f"reminders, {delayed.reminders_left} not recorded revoked",
+        )
+        self.expect(
+            "a reminder revoked while it waited was skipped when it arrived",
+            not probe.started and probe_state == "REVOKED" and not written,
+            f"started {len(probe.started)}x, {probe_state}, reminder "
+            + ("written" if written else "not written"),
         )
 
     # ------------------------------------------------------------------ 7. beat
@@ -630,7 +754,14 @@ class Report:
             "--port=5555 --address=127.0.0.1[/] and open http://127.0.0.1:5555",
             f"metrics ran at {stack.metrics_url} (stopped too)",
         ]
-        if facts.broker is not None:
+        if facts.broker is not None and facts.on_rabbitmq:
+            lines.append(
+                f"the broker was {facts.broker.describe()}; {facts.broker.fate()}. The "
+                "delayed messages (the revoked reminders) went with the vhost, the metric "
+                "counters and revoked ids with the Redis; the database and Flower's saved "
+                "state remain"
+            )
+        elif facts.broker is not None:
             lines.append(
                 f"the broker was {facts.broker.describe()}; {facts.broker.fate()}. Its queues, "
                 "delayed jobs, metric counters and Flower's live view went with it; the "
@@ -676,6 +807,7 @@ def max_in_window(times: list[float], window_s: float) -> int:
 def print_report(console: Console, facts: Facts, chart: str) -> bool:
     """Print every section; True when every expectation held."""
     report = Report(console, facts)
+    report.header()
     report.outcomes()
     report.retries()
     report.dead_letters()
@@ -685,7 +817,14 @@ def print_report(console: Console, facts: Facts, chart: str) -> bool:
     report.delayed()
     report.beat()
     report.rate_limit()
-    if facts.fairness is not None:
+    if facts.fairness is not None and facts.on_rabbitmq:
+        section(
+            console,
+            "8b. A tenant storm on the heavy queue (fairness_key is Redis-only: refused on "
+            "RabbitMQ)",
+        )
+        fairness.report_fifo(console, facts.fairness, report.expect)
+    elif facts.fairness is not None:
         section(console, "8b. A tenant storm on the heavy queue (fairness_key)")
         fairness.report(console, facts.fairness, report.expect)
     csv_import.report(report)

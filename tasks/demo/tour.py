@@ -17,6 +17,14 @@ Timeline (seconds from the start of the workload; the short form compresses it):
 - aside, from the tenant storm on: the shipping partner goes down for a few seconds while
   shipments are booked, and its circuit breaker absorbs the outage (:mod:`.outage`);
 - once every job has ended, the beats stop, the reminders are cancelled, the facts are read.
+
+On RabbitMQ (``--broker rabbitmq``) the same timeline runs; what rests on the Redis broker is
+read another way, and the report says so: the killed worker's held jobs from the task events
+(RabbitMQ requeues them when its connection closes; over AMQP its unacknowledged messages
+cannot be listed), the delayed jobs in RabbitMQ's ``celery_delayed_N`` queues (no delayed
+store: ``rabbitmqctl list_queues``), the reminders cancelled by ``revoke()`` (one more,
+due in seconds, shows a revoked job skipped when it arrives), and the tenant storm without
+``fairness_key`` (refused on RabbitMQ).
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import subprocess
 import threading
 import time
@@ -37,6 +46,8 @@ from typing import Any
 import redis
 import sqlalchemy as sa
 
+from jobs_platform.brokers.rabbitmq import revoke as rabbitmq_revoke
+from jobs_platform.brokers.rabbitmq.delays import whole_seconds
 from jobs_platform.brokers.redis import liveness
 from jobs_platform.brokers.redis.delayed import cancel as delayed_cancel
 from jobs_platform.brokers.redis.delayed import get as delayed_get
@@ -47,6 +58,7 @@ from jobs_platform.deadletter.store import DeadLetterStore, Filter
 from jobs_platform.idempotency import unique
 from jobs_platform.schedule.slots import SLOT_PREFIX
 from jobs_platform.testing import wait_for
+from jobs_platform.testing.rabbitmq import rabbitmqctl
 from tasks import billing, email, media, reminders, shop
 from tasks.demo import checkout, csv_import, fairness, outage
 from tasks.demo.broker import Broker
@@ -136,6 +148,11 @@ class Delayed:
     reminders_stored: int = 0
     cancel_summary: str = ""
     reminders_left: int = 0
+    #: On RabbitMQ: a reminder due in seconds, revoked at once (it must arrive and be skipped).
+    probe: str = ""
+    probe_customer: int = 0
+    #: On RabbitMQ: the delayed-delivery level queue the export waits in first.
+    first_level: str = ""
 
 
 @dataclasses.dataclass
@@ -201,6 +218,15 @@ class Facts:
 
     def mark(self, label: str) -> None:
         self.marks.append((time.time(), label))
+
+    @property
+    def on_rabbitmq(self) -> bool:
+        return self.broker is not None and self.broker.rabbitmq
+
+    @property
+    def redis_url(self) -> str:
+        """The tour's Redis: the broker's, or RabbitMQ's coordination Redis."""
+        return self.broker.url if self.broker is not None else self.broker_url
 
 
 # --------------------------------------------------------------------------- preparation
@@ -359,7 +385,31 @@ def expire_unique_locks(client: redis.Redis) -> int:
     return expired
 
 
-def kill_and_recover(facts: Facts, view: LiveView, client: redis.Redis, traffic: Traffic) -> None:
+def held_by_events(events: EventLog, hostname: str, at: float) -> list[tuple[str, str]]:
+    """On RabbitMQ: jobs ``hostname`` had received and not ended (nor retried since) at
+    ``at``, as the task events tell it (its unacknowledged deliveries cannot be listed
+    over AMQP, and RabbitMQ requeues them as soon as its connection closes)."""
+    held = []
+    for task_id, track in events.snapshot().items():
+        got = [t for t, h in zip(track.received, track.hostnames, strict=False) if h == hostname]
+        got = [t for t in got if t <= at]
+        if not got:
+            continue
+        last = max(got)
+        if any(t is not None and t <= at for t in (track.succeeded, track.failed)):
+            continue
+        if any(last <= t <= at for t, _ in track.retried):
+            continue
+        held.append((task_id, track.name))
+    return held
+
+
+def kill_and_recover(
+    facts: Facts, view: LiveView, client: redis.Redis, traffic: Traffic, events: EventLog
+) -> None:
+    if facts.on_rabbitmq:
+        kill_and_recover_rabbitmq(facts, view, client, traffic, events)
+        return
     stack = facts.stack
 
     def charge_in_flight() -> bool:
@@ -407,10 +457,130 @@ def kill_and_recover(facts: Facts, view: LiveView, client: redis.Redis, traffic:
     )
 
 
+def kill_and_recover_rabbitmq(
+    facts: Facts, view: LiveView, client: redis.Redis, traffic: Traffic, events: EventLog
+) -> None:
+    """The kill on RabbitMQ: its deliveries go back to the queue when its connection
+    closes; the tour waits for a live worker to receive each of them again."""
+    stack = facts.stack
+
+    def charge_in_flight() -> bool:
+        traffic.check()
+        return stack.gateway.in_flight > 0
+
+    with contextlib.suppress(TimeoutError):  # all charged already: kill it anyway
+        wait_for(charge_in_flight, timeout_s=30, interval_s=0.002)
+    victim = stack.workers["thirdparty"]
+    assert victim.process is not None
+    in_flight = stack.gateway.in_flight
+    pid = victim.process.pid
+    victim.kill()
+    at = time.time()
+    facts.mark("SIGKILL thirdparty")
+    kill = facts.kill = Kill(victim.hostname, pid, at, in_flight, [])
+    view.say(
+        f"[bold red]SIGKILL[/] worker {victim.hostname} (pid {pid}) with {in_flight} charge(s) "
+        "in flight at the gateway; RabbitMQ requeues its unacknowledged deliveries when its "
+        "connection closes: acks are late, nothing is lost"
+    )
+    replacement = stack.worker("thirdparty")
+    stack.workers["thirdparty"] = replacement
+    replacement.start(wait=False)
+    replacement.wait_ready(180)
+    kill.replacement, kill.back_at = replacement.hostname, time.time()
+    facts.mark("worker restarted")
+    view.say(f"worker restarted as {replacement.hostname} after {kill.back_at - at:.1f} s")
+    # Its events were published before it died; read once the restart has given them time.
+    kill.held = held_by_events(events, victim.hostname, at)
+    kill.expired_locks = expire_unique_locks(client)
+
+    def redelivered() -> bool:
+        traffic.check()
+        for task_id, _ in kill.held:
+            track = events.get(task_id)
+            again = any(t > at for t in track.received) or track.final is not None
+            if not again:
+                return False
+        return True
+
+    wait_for(
+        redelivered,
+        timeout_s=120,
+        interval_s=0.2,
+        message="the killed worker's jobs to reach a live worker again",
+    )
+    kill.restored_at = time.time()
+    names = Counter(name.rsplit(".", 1)[-1] for _, name in kill.held)
+    view.say(
+        f"the {len(kill.held)} job(s) it held ({', '.join(f'{n} {k}' for k, n in names.items())}) "
+        f"reached a live worker again {kill.restored_at - at:.1f} s after the kill"
+    )
+
+
 # --------------------------------------------------------------------------- delayed jobs
 
 
+def delayed_queues(facts: Facts) -> dict[str, int]:
+    """On RabbitMQ: the messages waiting in each non-empty ``celery_delayed_N`` queue of the
+    tour's vhost (``rabbitmqctl list_queues``: AMQP cannot count what the vhost holds)."""
+    assert facts.broker is not None
+    rows = rabbitmqctl(
+        "list_queues", "-p", facts.broker.vhost, "--no-table-headers", "name", "messages"
+    )
+    found = {}
+    for line in rows.splitlines():
+        name, _, count = line.partition("\t")
+        if name.startswith("celery_delayed_") and count.strip().isdigit() and int(count):
+            found[name] = int(count)
+    return dict(sorted(found.items(), key=lambda item: -int(item[0].rsplit("_", 1)[-1])))
+
+
+def first_level(countdown_s: float) -> str:
+    """The delayed-delivery queue a wait of ``countdown_s`` starts in: its highest bit's."""
+    return f"celery_delayed_{int(math.log2(whole_seconds(countdown_s)))}"
+
+
+def show_delayed_rabbitmq(facts: Facts, view: LiveView, traffic: Traffic) -> None:
+    delayed = facts.delayed
+    assert delayed is not None
+    traffic.export_sent.wait(30)
+    traffic.check()
+    delayed.first_level = first_level(delayed.countdown_s)
+    # One reminder due in seconds, revoked at once: when it arrives it must be skipped.
+    delayed.probe_customer = 10**6 + int(time.time()) % 10**6
+    delayed.probe = reminders.schedule_reminder(delayed.probe_customer, delay_s=3)
+    app.control.revoke(delayed.probe)
+    # Quorum queues' counts in rabbitmqctl lag by up to its stats interval (5 s): whether
+    # the export waited in the broker is judged by when a worker got it (at its due time).
+    queues = delayed_queues(facts)
+    listing = subprocess.run(
+        celery("delayed", "list", "--task", shop.export_orders.name),
+        env={**facts.stack.env, "COLUMNS": "150"},
+        cwd=facts.demo_dir,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    refusal = (listing.stdout + listing.stderr).strip().splitlines()
+    delayed.listing = "\n".join(
+        [
+            *(f"{name}\t{count}" for name, count in queues.items()),
+            "",
+            f"$ celery -A tasks delayed list  (exit {listing.returncode})",
+            *(refusal[-1:] if refusal else []),
+        ]
+    )
+    view.say(
+        f"the end-of-day export waits in RabbitMQ's {delayed.first_level} (due in "
+        f"{delayed.countdown_s:g} s); no delayed store: `celery -A tasks delayed list` says so"
+    )
+
+
 def show_delayed(facts: Facts, view: LiveView, client: redis.Redis, traffic: Traffic) -> None:
+    if facts.on_rabbitmq:
+        show_delayed_rabbitmq(facts, view, traffic)
+        return
     delayed = facts.delayed
     assert delayed is not None
     traffic.export_sent.wait(30)
@@ -432,7 +602,32 @@ def show_delayed(facts: Facts, view: LiveView, client: redis.Redis, traffic: Tra
     )
 
 
+def cancel_reminders_rabbitmq(facts: Facts, view: LiveView, client: redis.Redis) -> None:
+    """On RabbitMQ: the reminders wait in the broker's delayed queues, where nothing can
+    take them out; ``revoke()`` records their ids on the coordination Redis, and a worker
+    skips each one when it arrives (jobs_platform.brokers.rabbitmq.revoke)."""
+    delayed = facts.delayed
+    assert delayed is not None
+    # 24 hours start in the level of their highest bit (2^16 s); nothing else waits there.
+    level = first_level(reminders.REMINDER_DELAY_S)
+    delayed.reminders_stored = delayed_queues(facts).get(level, 0)
+    app.control.revoke(delayed.reminders)
+    recorded = sum(
+        bool(client.exists(rabbitmq_revoke.key_of(task_id))) for task_id in delayed.reminders
+    )
+    delayed.reminders_left = len(delayed.reminders) - recorded
+    keep_h = rabbitmq_revoke.keep_s(app.jobs_settings) / 3600
+    delayed.cancel_summary = (
+        f"app.control.revoke() of {len(delayed.reminders)} id(s): {recorded} recorded on the "
+        f"coordination Redis ({rabbitmq_revoke.KEY_PREFIX}<id>, kept {keep_h:.1f} h)"
+    )
+    view.say(f"revoked the 24-hour reminders: {delayed.cancel_summary}")
+
+
 def cancel_reminders(facts: Facts, view: LiveView, client: redis.Redis) -> None:
+    if facts.on_rabbitmq:
+        cancel_reminders_rabbitmq(facts, view, client)
+        return
     delayed = facts.delayed
     assert delayed is not None
     keys = keys_for(app)
@@ -468,7 +663,7 @@ def forget_delayed(facts: Facts) -> None:
     """On the way out, whatever happened: take this run's jobs out of the delayed store, so
     an interrupted tour leaves no reminder to be sent tomorrow by whichever worker runs then."""
     delayed = facts.delayed
-    if delayed is None:
+    if delayed is None or facts.on_rabbitmq:  # RabbitMQ: the vhost goes, with its queues
         return
     client = redis.Redis.from_url(facts.broker_url)
     keys = keys_for(app)
@@ -484,6 +679,8 @@ def forget_delayed(facts: Facts) -> None:
 def pending_jobs(facts: Facts, events: EventLog) -> list[str]:
     """Jobs sent since the workload began that have not ended (the reminders excepted)."""
     skip = set(facts.delayed.reminders if facts.delayed else ())
+    if facts.delayed is not None and facts.delayed.probe:
+        skip.add(facts.delayed.probe)  # revoked: skipped, no end event
     return [
         task_id
         for task_id, track in events.snapshot().items()
@@ -512,7 +709,7 @@ def wait_until_done(
             return False
         now = time.time()
         for task_id in pending:
-            if whereabouts(client, task_id) == NOWHERE:
+            if not facts.on_rabbitmq and whereabouts(client, task_id) == NOWHERE:
                 gone_since.setdefault(task_id, now)
             else:
                 gone_since.pop(task_id, None)
@@ -525,11 +722,12 @@ def wait_until_done(
         names = Counter(events.get(t).name for t in pending)
         view.say(f"[bold red]some jobs have not ended:[/] {dict(names)}")
     for task_id in pending:
-        facts.missing[task_id] = whereabouts(client, task_id)
+        facts.missing[task_id] = UNSEARCHABLE if facts.on_rabbitmq else whereabouts(client, task_id)
     return not pending
 
 
 NOWHERE = "nowhere in the broker"
+UNSEARCHABLE = "not known: RabbitMQ's queues cannot be searched over AMQP"
 
 
 def whereabouts(client: redis.Redis, task_id: str) -> str:
@@ -626,7 +824,7 @@ def gather(facts: Facts, events: EventLog, sampler: Sampler) -> None:
 def receipt_locks(facts: Facts) -> None:
     """For a paid invoice with no receipt: who holds its receipt's unique-dispatch lock."""
     sent = {int(e["subject"].rsplit(" ", 1)[-1]) for e in facts.emails if "invoice" in e["subject"]}
-    client = redis.Redis.from_url(facts.broker_url)
+    client = redis.Redis.from_url(facts.redis_url)
     for invoice_id, status in facts.invoices.items():
         if status != "paid" or invoice_id in sent:
             continue
@@ -660,7 +858,7 @@ def check_flower(facts: Facts) -> None:
 def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> None:
     """Run the workload on the started stack and fill ``facts``."""
     w = facts.workload
-    client = redis.Redis.from_url(facts.broker_url)
+    client = redis.Redis.from_url(facts.redis_url)
     stack = facts.stack
     facts.beat = BeatRun(
         beats={b.pid: b.name for b in stack.beats}, started=min(b.started_at for b in stack.beats)
@@ -679,14 +877,19 @@ def run(facts: Facts, view: LiveView, events: EventLog, sampler: Sampler) -> Non
     # the checkout, the tenant storm and the import run: its cool-downs cost no time.
     down = outage.Aside(w.name, stack.partner, view)
     try:
-        _shop_is_open(facts, view, client, first_order, down)
+        _shop_is_open(facts, view, events, client, first_order, down)
         _after_the_sale(facts, view, events, client, down)
     finally:
         down.stop.set()  # nothing left to do for it, or the tour failed: it stops waiting
 
 
 def _shop_is_open(
-    facts: Facts, view: LiveView, client: redis.Redis, first_order: int, down: outage.Aside
+    facts: Facts,
+    view: LiveView,
+    events: EventLog,
+    client: redis.Redis,
+    first_order: int,
+    down: outage.Aside,
 ) -> None:
     w = facts.workload
     with Traffic(facts, view, first_order) as traffic, ThreadPoolExecutor(1) as aside:
@@ -696,7 +899,7 @@ def _shop_is_open(
         traffic.sale_sent.wait(w.flash_sale_at_s + 60)
         traffic.check()
         view.phase = f"{w.name} tour: flash sale"
-        kill_and_recover(facts, view, client, traffic)
+        kill_and_recover(facts, view, client, traffic, events)
         facts.mark("partner outage")
         down.start()
         looked.result(timeout=120)
@@ -720,7 +923,13 @@ def _after_the_sale(
     view.phase = f"{w.name} tour: draining"
     wait_until_done(facts, view, events, client, w.drain_timeout_s)
     delayed = facts.delayed
-    delayed.still_stored_after = delayed_get(client, keys_for(app), delayed.task_id) is not None
+    if facts.on_rabbitmq:  # it waited in RabbitMQ if no worker got it before it was due
+        export = events.get(delayed.task_id)
+        due = delayed.dispatched_at + delayed.countdown_s
+        delayed.stored = bool(export.received) and min(export.received) >= due - 0.5
+        delayed.still_stored_after = not export.received
+    else:
+        delayed.still_stored_after = delayed_get(client, keys_for(app), delayed.task_id) is not None
     # The beats keep going until they have run long enough to count on.
 
     def beats_ran_long_enough() -> bool:
