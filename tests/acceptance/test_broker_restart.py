@@ -19,6 +19,11 @@ Under load the producer pauses until the queues are empty just before the crash:
 Redis pops for a consumer in the instant its connection dies is lost by kombu's Redis
 transport (BRPOP, then the ``unacked`` write: the handover window in docs/chaos.md), a
 separate limit this test does not measure.
+
+Redis-only: the RabbitMQ node is the machine's and is never restarted by a test. Its
+connection-loss form (``rabbitmqctl close_all_connections -p VHOST`` while jobs run: they
+come back and finish, a guarded side effect once) is in test_rabbitmq_operations.py; a node
+killed under load, in the three-node cluster tests.
 """
 
 from __future__ import annotations

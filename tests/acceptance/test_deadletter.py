@@ -1,5 +1,10 @@
 """Dead letters with real prefork workers, the real Redis broker and real PostgreSQL.
 
+The terminal paths and a replay run on RabbitMQ too (``broker`` fixture, ``[rabbitmq]``: a
+vhost of the module's own; markers, spool and results on the session's Redis database):
+there the broker's own dead-lettering (a rejection) is drained from ``jobs.dead``. Raw
+poison pushed into Redis lists stays Redis-only (RabbitMQ's: test_rabbitmq_deadletters.py).
+
 Every terminal path lands exactly once with the right reason; poison messages land with
 their raw body; a fixed job replays from the CLI with lineage, exactly once.
 """
@@ -21,6 +26,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import kombu
 import pytest
 import redis
 from click.testing import CliRunner
@@ -28,7 +34,7 @@ from click.testing import CliRunner
 from jobs_platform.cli.dlq import dlq
 from jobs_platform.deadletter.store import DeadLetterStore
 from jobs_platform.testing import RedisServer, WorkerProcess, wait_for
-from tests.acceptance.conftest import ROOT
+from tests.acceptance.conftest import ROOT, Broker
 
 pytestmark = pytest.mark.acceptance
 
@@ -130,7 +136,8 @@ def env(private_redis: RedisServer, module_pg_url: str) -> dict[str, str]:
 
 
 @pytest.fixture()
-def broker(private_redis: RedisServer) -> Iterator[redis.Redis]:
+def coord(private_redis: RedisServer) -> Iterator[redis.Redis]:
+    """The Redis where the jobs' markers and the dead-letter spool are (the broker here)."""
     client = redis.Redis.from_url(private_redis.url, decode_responses=True)
     yield client
     client.close()
@@ -178,12 +185,78 @@ def worker(
         yield proc
 
 
+@dataclasses.dataclass
+class Stack:
+    """The module's dead-letter stack on one broker: the app module, its worker, the Redis
+    client of markers and spool."""
+
+    app_module: Any
+    worker: WorkerProcess
+    coord: redis.Redis
+    is_rabbitmq: bool
+    broker_url: str
+
+    def push_raw(self, queue: str, body: bytes, content_type: str, headers: dict[str, Any]) -> None:
+        """Put a message straight into ``queue``: a Redis list item, or a raw AMQP publish
+        (the default exchange routes by queue name), as anyone who can write there could."""
+        if not self.is_rabbitmq:
+            raw = redis.Redis.from_url(self.broker_url)  # bytes in, bytes out
+            try:
+                push_raw(raw, queue, body, content_type, headers)
+            finally:
+                raw.close()
+            return
+        encoding = "binary" if content_type == "application/x-python-serialize" else "utf-8"
+        with kombu.Connection(self.broker_url) as conn:
+            kombu.Producer(conn.default_channel).publish(
+                body,
+                routing_key=queue,
+                headers=headers,
+                content_type=content_type,
+                content_encoding=encoding,
+            )
+
+
+@pytest.fixture(scope="module")
+def stack(
+    broker: Broker,
+    request: pytest.FixtureRequest,
+    module_pg_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    """On Redis the module's own ``app_module``, ``worker`` and private Redis; on RabbitMQ
+    the same app and worker in the broker's vhost, with the same dead-letter table."""
+    if not broker.is_rabbitmq:
+        server = request.getfixturevalue("private_redis")
+        client = redis.Redis.from_url(server.url, decode_responses=True)
+        yield Stack(
+            request.getfixturevalue("app_module"),
+            request.getfixturevalue("worker"),
+            client,
+            False,
+            server.url,
+        )
+        client.close()
+        return
+    env = {**broker.env, "JOBS_DATABASE_URL": module_pg_url}
+    module = broker.load(APP, env)
+    client = redis.Redis.from_url(broker.coordination_url, decode_responses=True)
+    with WorkerProcess(
+        APP,
+        ["fast", "heavy"],
+        env=env,
+        cwd=str(ROOT),
+        concurrency=2,
+        log_dir=str(tmp_path_factory.mktemp("dlqw")),
+    ) as proc:
+        yield Stack(module, proc, client, True, broker.env["JOBS_BROKER_URL"])
+    client.close()
+
+
 def test_every_terminal_path_lands_once_with_its_reason(
-    app_module: Any,
-    worker: WorkerProcess,
-    store: DeadLetterStore,
-    broker: redis.Redis,
+    stack: Stack, store: DeadLetterStore
 ) -> None:
+    app_module, worker, coord = stack.app_module, stack.worker, stack.coord
     past = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=5)
     sent = {
         "exhausted": app_module.exhausted.delay("k1", password="hunter2").id,
@@ -193,10 +266,20 @@ def test_every_terminal_path_lands_once_with_its_reason(
         "worker_lost": app_module.worker_lost.delay("k5").id,
         "expired": app_module.ok.apply_async(("k6",), expires=past).id,
     }
+    # On RabbitMQ a rejection is stored twice over, once: by the worker's hook (naming the
+    # worker) and by the drain of what the broker dead-lettered into jobs.dead (which
+    # consumer rejected it is not in the message: no worker named); the first write wins.
+    # An expiry in the past is a TTL of 0 there (Celery): the broker may expire the message
+    # before any worker sees it (the drain's row) or a worker may revoke it (the hook's).
+    by_broker = {"rejected", "expired"} if stack.is_rabbitmq else set()
     for reason, task_id in sent.items():
         [row] = rows_for(store, task_id)
         assert row["reason"] == reason, (reason, row["errors"])
-        assert row["status"] == "dead" and row["worker"] == worker.hostname
+        named = {None, worker.hostname} if reason in by_broker else {worker.hostname}
+        assert row["status"] == "dead" and row["worker"] in named, (reason, row["worker"])
+        if reason in by_broker:
+            by = "drain" if row["worker"] is None else "hook"
+            print(f"\n{reason} on RabbitMQ: stored by the {by}")
 
     [exhausted] = store.by_task_id(sent["exhausted"])
     # max_retries=3: four attempts, four errors, in order, with UTC times.
@@ -227,32 +310,25 @@ def test_every_terminal_path_lands_once_with_its_reason(
     # (a no-op insert, no second alert) before counting rows and alert lines.
     spool_key = app_module.app.jobs_settings.dlq_spool_key
     wait_for(
-        lambda: broker.llen(spool_key) == 0,
+        lambda: coord.llen(spool_key) == 0,
         timeout_s=30,
-        message=lambda: f"the spool to drain (depth {broker.llen(spool_key)})",
+        message=lambda: f"the spool to drain (depth {coord.llen(spool_key)})",
     )
     assert len(store.by_task_id(tl)) == 1
     for task_id in sent.values():
         assert len(alert_lines(worker, task_id)) == 1, task_id
 
 
-def test_poison_messages_land_with_their_raw_body(
-    worker: WorkerProcess,
-    store: DeadLetterStore,
-    private_redis: RedisServer,
-) -> None:
-    raw = redis.Redis.from_url(private_redis.url)  # bytes in, bytes out
-
+def test_poison_messages_land_with_their_raw_body(stack: Stack, store: DeadLetterStore) -> None:
     def headers(task: str) -> dict[str, Any]:
         task_id = str(uuid.uuid4())
         return {"lang": "py", "task": task, "id": task_id, "root_id": task_id, "retries": 0}
 
     unknown, garbage, pickled = headers("no.such.task"), headers("dlq.ok"), headers("dlq.ok")
     pickle_body = pickle.dumps((("k",), {}, {}))
-    push_raw(raw, "fast", json.dumps([["x"], {"n": 1}, {}]).encode(), "application/json", unknown)
-    push_raw(raw, "fast", b"\x00\xff{not json", "application/json", garbage)
-    push_raw(raw, "fast", pickle_body, "application/x-python-serialize", pickled)
-    raw.close()
+    stack.push_raw("fast", json.dumps([["x"], {"n": 1}, {}]).encode(), "application/json", unknown)
+    stack.push_raw("fast", b"\x00\xff{not json", "application/json", garbage)
+    stack.push_raw("fast", pickle_body, "application/x-python-serialize", pickled)
 
     [row] = rows_for(store, unknown["id"])
     assert (row["reason"], row["task_name"]) == ("poison", "no.such.task")
@@ -268,20 +344,19 @@ def test_poison_messages_land_with_their_raw_body(
     assert row["error_type"] == "kombu.exceptions.ContentDisallowed"
     assert row["content_type"] == "application/x-python-serialize"
     assert base64.b64decode(row["raw_body"]) == pickle_body  # kept, never unpickled
-    assert worker.alive
+    assert stack.worker.alive
 
 
 def test_replay_of_a_fixed_job_links_lineage_and_enqueues_once(
-    app_module: Any,
-    worker: WorkerProcess,
-    store: DeadLetterStore,
-    module_pg_url: str,
-    broker: redis.Redis,
+    stack: Stack, store: DeadLetterStore, module_pg_url: str
 ) -> None:
+    app_module, coord = stack.app_module, stack.coord
+    # Quorum queues serve one priority level: RabbitMQ refuses any other at dispatch.
+    priority = 0 if stack.is_rabbitmq else 3
     key = uuid.uuid4().hex
-    first = app_module.fixable.apply_async((key,), {"amount": 5}, priority=3)
+    first = app_module.fixable.apply_async((key,), {"amount": 5}, priority=priority)
     [row] = rows_for(store, first.id)
-    assert (row["reason"], row["priority"], row["queue"]) == ("permanent", 3, "fast")
+    assert (row["reason"], row["priority"], row["queue"]) == ("permanent", priority, "fast")
 
     # Refusals change nothing: no reason, and a dry run.
     refused = cli(app_module.app, module_pg_url, "discard", str(row["id"]))
@@ -300,23 +375,27 @@ def test_replay_of_a_fixed_job_links_lineage_and_enqueues_once(
     [second] = rows_for(store, replayed_id)
     assert second["replay_of"] == row["id"]
     assert second["attempts"] == 1 and len(second["errors"]) == 1  # a fresh budget
-    assert (second["priority"], second["queue"], second["kwargs"]) == (3, "fast", {"amount": 5})
+    assert (second["priority"], second["queue"], second["kwargs"]) == (
+        priority,
+        "fast",
+        {"amount": 5},
+    )
     parent = store.get(row["id"])
     assert parent is not None and parent["status"] == "replayed"
     assert parent["replayed_task_id"] == replayed_id and parent["resolution_reason"] == "retry"
 
     # Fix the cause, replay the second row: it succeeds.
-    broker.set(f"jptest:fixed:{key}", 1)
+    coord.set(f"jptest:fixed:{key}", 1)
     out = cli(
         app_module.app, module_pg_url, "replay", str(second["id"]), "--reason", "fixed", "--json"
     )
     final_id = json.loads(out.stdout)["task_id"]
     wait_for(
-        lambda: broker.lrange(f"jptest:ran:{key}", 0, -1),
+        lambda: coord.lrange(f"jptest:ran:{key}", 0, -1),
         timeout_s=30,
         message="the replayed job to run",
     )
-    assert broker.lrange(f"jptest:ran:{key}", 0, -1) == ["5"]
+    assert coord.lrange(f"jptest:ran:{key}", 0, -1) == ["5"]
     assert store.by_task_id(final_id) == []
 
     # Replaying the same row again enqueues nothing.
@@ -427,7 +506,7 @@ def test_typed_arguments_survive_a_failure_and_a_replay(
     worker: WorkerProcess,
     store: DeadLetterStore,
     module_pg_url: str,
-    broker: redis.Redis,
+    coord: redis.Redis,
 ) -> None:
     """datetime, Decimal and UUID arrive as themselves on every attempt, are stored in the
     dead letter as sent (not a repr: the replay used to send a str), and arrive as
@@ -446,19 +525,19 @@ def test_typed_arguments_survive_a_failure_and_a_replay(
         "ref": {"__type__": "uuid", "__value__": {"hex": ref.hex}},
     }
     expected = [["datetime", str(when)], ["Decimal", "19.90"], ["UUID", str(ref)]]
-    seen = [json.loads(item) for item in broker.lrange(f"jptest:typed:{key}", 0, -1)]
+    seen = [json.loads(item) for item in coord.lrange(f"jptest:typed:{key}", 0, -1)]
     assert seen == [expected, expected]  # the first attempt and its retry
-    assert broker.llen("jobs:dlq:spool:rejected") == 0
+    assert coord.llen("jobs:dlq:spool:rejected") == 0
 
-    broker.set(f"jptest:fixed:{key}", 1)
+    coord.set(f"jptest:fixed:{key}", 1)
     out = cli(app_module.app, module_pg_url, "replay", str(row["id"]), "--reason", "x", "--json")
     assert out.exit_code == 0, out.output
     wait_for(
-        lambda: broker.llen(f"jptest:typed:{key}") == 3,
+        lambda: coord.llen(f"jptest:typed:{key}") == 3,
         timeout_s=30,
         message="the replayed job to run",
     )
-    assert json.loads(broker.lrange(f"jptest:typed:{key}", -1, -1)[0]) == expected
+    assert json.loads(coord.lrange(f"jptest:typed:{key}", -1, -1)[0]) == expected
     assert store.by_task_id(json.loads(out.stdout)["task_id"]) == []  # it succeeded
 
 
@@ -515,7 +594,7 @@ def test_demo_helper_shows_rows_alerts_and_a_replay(
     app_module: Any,
     worker: WorkerProcess,
     store: DeadLetterStore,
-    broker: redis.Redis,
+    coord: redis.Redis,
 ) -> None:
     from io import StringIO
 
@@ -530,7 +609,7 @@ def test_demo_helper_shows_rows_alerts_and_a_replay(
         CliApp(app_module.app, store.url),
         failed,
         replay_task_id=failed[1],
-        fix=lambda: broker.set(f"jptest:fixed:{key}", 1),
+        fix=lambda: coord.set(f"jptest:fixed:{key}", 1),
         log_paths=[worker.log_path],
         console=Console(file=out, width=200),
     )

@@ -4,6 +4,12 @@ The apps (tests/support/delayed_app.py) use a 6 s visibility timeout, a 1 s marg
 2 s hard time limit, so any wait of 3 s or more goes to the delayed store. "Runs exactly
 once" is proved without waiting and hoping: the job succeeded and no copy of its message
 is left anywhere on the broker (queues, unacknowledged, store), so it can never run again.
+
+Redis-only, every test here: each is about the delayed store (RabbitMQ has none: its delays
+wait in the broker's ``celery_delayed_N`` queues) or a Redis restart. RabbitMQ's delays are
+proven in test_rabbitmq_broker.py (a 12 s countdown runs once on time, a sub-second one,
+revoke of a delayed job no worker knows, retry waits never below the policy's bound) and
+test_rabbitmq_operations.py (a 1 s wait then a 3 s one both come back).
 """
 
 from __future__ import annotations

@@ -5,6 +5,11 @@ broker could; then a good job is sent behind it. The good job must run, on the s
 process, and the bad item must be a ``poison`` dead letter holding its exact bytes. Before
 the transport's guard (jobs_platform.deadletter.rawpoison), a non-JSON item made the
 worker exit ("Unrecoverable error") and a JSON object without the envelope vanished.
+
+Redis-only: the items are Redis list entries (kombu's envelope, and what breaks it). On
+RabbitMQ bad input arrives as raw AMQP publishes: test_deadletter.py's poison test runs
+there too (``[rabbitmq]``, the platform's app) and test_rabbitmq_deadletters.py sends six
+kinds of it.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ exception info carries no frames (jobs_platform.cheap_retry). What readers of a 
 get is proven here: the RETRY state in the result backend with the error, the
 ``task_retry`` signal (metrics and beat read it), the ``task-retried`` event (Flower), and
 the message options a retry must keep (a link callback runs once, after the success).
-Queue, priority, history and backoff are proven in test_retries.py.
+Queue, priority, history and backoff are proven in test_retries.py. The first test runs on
+RabbitMQ too (``broker`` fixture): its event travels on the broker, its state on the
+coordination Redis.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import redis
 
 from jobs_platform import TransientError
 from jobs_platform.testing import WorkerProcess, wait_for
-from tests.acceptance.conftest import ROOT, runs, wait_state
+from tests.acceptance.conftest import ROOT, Broker, runs, wait_state
 from tests.acceptance.test_task_events import Monitor
 
 pytestmark = pytest.mark.acceptance
@@ -36,25 +38,42 @@ def retry_app(worker_env: dict[str, str]) -> Any:
     return retry_app
 
 
+def start_worker(env: dict[str, str], tmp: pytest.TempPathFactory) -> WorkerProcess:
+    return WorkerProcess(
+        "tests.support.retry_app",
+        ["fast"],
+        concurrency=2,
+        env=env,
+        hostname=f"retryend-{uuid.uuid4().hex[:6]}@test",
+        cwd=str(ROOT),
+        log_dir=str(tmp.mktemp("retryend")),
+    )
+
+
 @pytest.fixture(scope="module")
 def retry_worker(
     worker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, retry_app: Any
 ) -> Iterator[WorkerProcess]:
-    with WorkerProcess(
-        "tests.support.retry_app",
-        ["fast"],
-        concurrency=2,
-        env=worker_env,
-        hostname=f"retryend-{uuid.uuid4().hex[:6]}@test",
-        cwd=str(ROOT),
-        log_dir=str(tmp_path_factory.mktemp("retryend")),
-    ) as worker:
+    with start_worker(worker_env, tmp_path_factory) as worker:
         yield worker
 
 
+@pytest.fixture(scope="module")
+def broker_retry(
+    broker: Broker, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Any, WorkerProcess]]:
+    """``retry_app`` and its worker on the module's broker (on Redis: the module's own)."""
+    if not broker.is_rabbitmq:
+        yield request.getfixturevalue("retry_app"), request.getfixturevalue("retry_worker")
+        return
+    with start_worker(broker.env, tmp_path_factory) as worker:
+        yield broker.load("tests.support.retry_app"), worker
+
+
 def test_a_retried_attempt_is_stored_signalled_and_announced(
-    retry_app: Any, retry_worker: WorkerProcess, redis_client: redis.Redis
+    broker_retry: tuple[Any, WorkerProcess], redis_client: redis.Redis
 ) -> None:
+    retry_app, _ = broker_retry
     key = uuid.uuid4().hex
     with Monitor(retry_app.app) as monitor:
         result = retry_app.flaky.delay(key, 1)

@@ -1,4 +1,9 @@
-"""Worker death: a killed worker loses nothing, and a job that kills its worker cannot loop."""
+"""Worker death: a killed worker loses nothing, and a job that kills its worker cannot loop.
+
+The cap runs on RabbitMQ too (``broker`` fixture). The whole-worker SIGKILL stays on Redis
+here: its RabbitMQ form (the broker hands a lost consumer's message back at once) is in
+test_rabbitmq_broker.py, and the connection loss in test_rabbitmq_operations.py.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import pytest
 import redis
 
 from jobs_platform.testing import WorkerProcess, wait_for
-from tests.acceptance.conftest import ROOT, runs, wait_state
+from tests.acceptance.conftest import ROOT, Broker, runs, wait_state
 
 pytestmark = pytest.mark.acceptance
 
@@ -35,11 +40,17 @@ def worker(env: dict[str, str], tmp: Path, name: str) -> WorkerProcess:
     )
 
 
+@pytest.fixture(scope="module")
+def broker_redelivery(broker: Broker) -> Any:
+    return broker.load("tests.support.redelivery_app")
+
+
 def test_job_that_kills_its_worker_is_retried_up_to_the_cap_then_fails(
-    redelivery: Any, worker_env: dict[str, str], tmp_path: Path, redis_client: redis.Redis
+    broker: Broker, broker_redelivery: Any, tmp_path: Path, redis_client: redis.Redis
 ) -> None:
+    redelivery = broker_redelivery
     key = uuid.uuid4().hex
-    with worker(worker_env, tmp_path, "poison") as proc:
+    with worker(broker.env, tmp_path, "poison") as proc:
         result = redelivery.kills_its_worker.delay(key, 99)
         assert wait_state(result, {"FAILURE"}, timeout_s=60) == "FAILURE"
         assert proc.alive  # only pool children died; the worker kept serving

@@ -16,10 +16,10 @@ from typing import Any
 import redis
 from celery.exceptions import Reject, SoftTimeLimitExceeded
 
-from jobs_platform import PermanentError, ReliableTask, create_app
+from jobs_platform import PermanentError, ReliableTask, coordination, create_app
 
 app = create_app("dlqapp", retry_backoff=0.2, retry_backoff_max=0.4, dlq_drain_interval=0.5)
-_redis = redis.Redis.from_url(app.conf.broker_url)
+_redis = redis.Redis.from_url(coordination.url_of(app.jobs_settings))  # Redis or RabbitMQ
 
 
 @app.task(base=ReliableTask, name="dlq.exhausted", queue="fast", max_retries=3)

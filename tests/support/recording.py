@@ -2,7 +2,8 @@
 
 ``jptest:runs:<key>`` gets one JSON record per run (time, host, queue, priority, retries,
 history length, and what the message says of its timing: its ``eta`` and when the attempt
-before it failed). The Redis is the broker's (the test session's own database).
+before it failed). The Redis is the coordination one (``JOBS_COORDINATION_URL``, on RabbitMQ),
+else the broker's (the test session's own database).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from jobs_platform.history import errors_of
 
 @functools.cache
 def client() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["JOBS_BROKER_URL"])
+    return redis.Redis.from_url(
+        os.environ.get("JOBS_COORDINATION_URL") or os.environ["JOBS_BROKER_URL"]
+    )
 
 
 def record(task: Any, key: str) -> int:
