@@ -187,3 +187,17 @@ def test_the_rabbitmq_consumer_leaves_out_only_celerys_per_reconnect_delayed_del
     assert kept == set(CeleryConsumer.Blueprint.default_steps) - {
         consumer.CELERY_DELAYED_DELIVERY_STEP
     }
+
+
+def test_a_republished_message_leaves_the_brokers_death_record_behind() -> None:
+    # A copy that expires again in a delay queue it already expired in is a dead-letter
+    # cycle RabbitMQ drops without a trace (a retry waiting 1 s, then 3 s).
+    from jobs_platform.brokers.rabbitmq.dispatch import DEATH_HEADERS, without_deaths
+
+    headers = {name: "x" for name in DEATH_HEADERS} | {"jobs_attempts": 2, "x-custom": 1}
+    options = {"headers": headers, "queue": "fast"}
+    cleaned = without_deaths(options)
+    assert cleaned == {"headers": {"jobs_attempts": 2, "x-custom": 1}, "queue": "fast"}
+    assert options["headers"] == headers  # the caller's options are not changed
+    plain = {"headers": {"jobs_attempts": 1}}
+    assert without_deaths(plain) is plain
