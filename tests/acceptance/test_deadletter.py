@@ -207,7 +207,7 @@ class Stack:
                 raw.close()
             return
         encoding = "binary" if content_type == "application/x-python-serialize" else "utf-8"
-        with kombu.Connection(self.broker_url) as conn:
+        with kombu.Connection(self.broker_url, transport_options={"confirm_publish": True}) as conn:
             kombu.Producer(conn.default_channel).publish(
                 body,
                 routing_key=queue,

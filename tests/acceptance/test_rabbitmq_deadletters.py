@@ -166,7 +166,9 @@ def test_bad_input_published_raw_is_one_poison_row_each_and_the_worker_goes_on(
     app, env = setup
     with worker(env, tmp_path) as proc:
         pid = proc.process.pid if proc.process else None
-        with kombu.Connection(env["JOBS_TEST_AMQP_URL"]) as conn:
+        with kombu.Connection(
+            env["JOBS_TEST_AMQP_URL"], transport_options={"confirm_publish": True}
+        ) as conn:
             producer = kombu.Producer(
                 conn.default_channel, exchange=kombu.Exchange(EXCHANGE, type="topic")
             )
