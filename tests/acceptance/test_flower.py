@@ -465,13 +465,19 @@ def test_flower_keeps_its_state_through_a_crash_when_it_saves_periodically(
             )
 
         wait_for(finished_in_flower, timeout_s=30, message=f"{done.id} finished in Flower")
+
+        def last_save() -> float:
+            return max((f.stat().st_mtime for f in state_files()), default=0.0)
+
         seen = time.time()
-        # A save that started after Flower had the task, then no chance to save again.
-        wait_for(
-            lambda: any(f.stat().st_mtime > seen for f in state_files()),
+        # A save that started after Flower had the task, and the next one started (so the
+        # first finished: a kill inside a save is not what this test is about).
+        first = wait_for(
+            lambda: saved if (saved := last_save()) > seen else None,
             timeout_s=10,
             message=lambda: f"a state save after {seen} ({state_files()})",
         )
+        wait_for(lambda: last_save() > first, timeout_s=10, message="the next state save")
         flower.kill()
         with FlowerProcess(env, tmp_path, name="flower-after-crash") as again:
             status, body = get(f"{again.url}/api/task/info/{done.id}", auth=(USER, PASSWORD))
